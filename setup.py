@@ -1,0 +1,36 @@
+"""ssdmpi: data-parallel neural-network training with SSD-SGD over MPI.
+
+Install on a machine without MPI:      pip install -e '.[mpich]'
+Install against a site MPI (clusters): pip install -e .   (mpi4py builds against the site's mpicc)
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="ssdmpi",
+    version="0.1.0",
+    description="Data-parallel neural-network training with SSD-SGD (Several Steps Delay SGD) over MPI",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["ssdmpi", "ssdmpi.*"]),
+    package_data={"ssdmpi": ["presets/*.yaml"]},
+    install_requires=[
+        "numpy>=1.24",
+        "mpi4py>=4",
+        "h5py>=3.8",
+        "scikit-learn>=1.2",   # ships the built-in default dataset (digits) inside its wheel
+        "PyYAML>=6",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        # The MPI runtime as a wheel, for machines without a site MPI. Site-MPI users leave it out.
+        "mpich": ["mpich"],
+        "gpu": ["cupy-cuda12x"],
+        "plot": ["matplotlib>=3.6"],
+        # torch is a test oracle only; .ci/run installs the CPU build (torch==2.13.0) explicitly.
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6"],
+    },
+    entry_points={"console_scripts": ["ssdmpi = ssdmpi.cli:main"]},
+    scripts=["bin/ssdmpi-netns"],
+)

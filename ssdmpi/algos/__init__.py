@@ -1,0 +1,1 @@
+"""Training algorithms (ssgd, ssd, odsgd, localsgd) and the single-process reference simulator."""

@@ -1,0 +1,89 @@
+"""The ``ssdmpi`` command line: one subcommand per module, loaded on demand.
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)``
+and ``run(args) -> int``. Modules are imported only when their subcommand is
+used (so ``ssdmpi --help`` starts fast and never initialises MPI) — except that
+building the parser imports each module's ``add_arguments``, so those modules
+must keep their top-level imports light.
+
+Exit codes: 0 success; 2 bad input (flags, data, checkpoints; one line, no
+traceback); 85 checkpointed on a signal, requeue me; 1 anything else (the whole
+MPI job is aborted, naming the failing rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from ssdmpi import __version__
+from ssdmpi.comm.abort import abort_job, install_abort_hook, world_rank_size
+from ssdmpi.errors import USAGE_EXIT, UserError
+
+# name -> (module, one-line help). The order is the order of ``--help``.
+COMMANDS = {
+    "train": ("ssdmpi.train", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD or local SGD"),
+    "eval": ("ssdmpi.evaluate", "evaluate a checkpoint on a dataset's test split"),
+    "bench": ("ssdmpi.bench", "benchmarks: engine, comm, train, model"),
+    "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),
+    "info": ("ssdmpi.info", "versions, MPI library and thread level, array backend, CUDA-awareness"),
+    "ckpt": ("ssdmpi.checkpoint_cli", "inspect and verify checkpoints"),
+    "data": ("ssdmpi.data.cli", "list datasets and convert them to the HDF5 layout"),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but in a multi-rank job only rank 0 prints usage errors (every rank exits 2)."""
+
+    def _print_message(self, message, file=None):
+        if world_rank_size()[0] == 0:
+            super()._print_message(message, file)
+
+
+def _not_implemented(args) -> int:
+    raise UserError(f"'ssdmpi {args.command}' is not implemented yet")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with every subcommand's arguments."""
+    parser = Parser(prog="ssdmpi", description="Data-parallel neural-network training with SSD-SGD over MPI.")
+    parser.add_argument("--version", action="version", version=f"ssdmpi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name) if importlib.util.find_spec(module_name) else None
+        if module is None or not hasattr(module, "add_arguments"):
+            p.set_defaults(run=_not_implemented)
+            continue
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def report_user_error(exc: UserError) -> int:
+    """Print a ``UserError`` as one line and return the exit code (aborting peers if needed).
+
+    A collective error (every rank raised the same one) is printed by rank 0 and every
+    rank exits 2. An error raised on one rank only aborts the whole job with code 2, so
+    the others do not wait for it forever.
+    """
+    rank, size = world_rank_size()
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if size > 1 and not getattr(exc, "collective", False):
+        abort_job(f"error: {message}", USAGE_EXIT)
+    if rank == 0:
+        print(f"ssdmpi: error: {message}", file=sys.stderr, flush=True)
+    return USAGE_EXIT
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``ssdmpi`` console script."""
+    install_abort_hook()
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except UserError as exc:
+        return report_user_error(exc)

@@ -1,0 +1,1 @@
+"""Datasets, the sharded resumable loader, augmentation."""

@@ -1,0 +1,12 @@
+"""MPI test setup: every rank runs the same tests (``tests/run.py`` runs them at 1, 2 and 4 ranks)."""
+
+import pytest
+from mpi4py import MPI
+
+
+@pytest.fixture
+def comm():
+    """A private duplicate of COMM_WORLD for one test (freed afterwards)."""
+    c = MPI.COMM_WORLD.Dup()
+    yield c
+    c.Free()
