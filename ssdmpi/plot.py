@@ -1,0 +1,392 @@
+"""``ssdmpi plot RUN_DIR... [--out DIR]``: PNG figures from run directories' ``metrics.jsonl``.
+
+Figures (each written only when the runs hold the data it needs):
+
+| file | what |
+|---|---|
+| ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` vs wall-clock seconds |
+| ``accuracy_vs_epoch.png`` | test accuracy of ``W`` vs epoch |
+| ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
+| ``throughput_vs_k.png`` | median samples/s vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
+
+This module also holds the reader of run directories (``load_run``), shared with
+``ssdmpi bench train``. A run directory holds ``metrics.jsonl`` (one JSON object per
+line: one per logged training step and one per evaluation), and optionally
+``summary.json`` and the resolved config (``config.yaml`` / ``config.json``). Metric
+names are read through the alias table ``FIELDS`` so that the reader tolerates the
+spellings the trainer has used; a record counts as an evaluation when it carries a
+test accuracy.
+
+matplotlib is imported only when figures are drawn, with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ssdmpi.errors import UserError
+
+# Canonical name -> spellings accepted in metrics.jsonl / summary.json (first match wins).
+# Dotted names look inside nested objects ("test.acc" is record["test"]["acc"]).
+FIELDS = {
+    "step": ("step", "iteration", "t"),
+    "epoch": ("epoch", "epoch_float", "epochs"),
+    "time": ("time", "wall_time", "wall_s", "elapsed", "elapsed_s", "time_s"),
+    "loss": ("loss", "train_loss"),
+    "test_acc": ("test_acc", "test_accuracy", "test.acc", "test.accuracy",
+                 "eval.acc", "global.acc", "test_acc_global"),
+    "test_loss": ("test_loss", "test.loss", "eval.loss", "global.loss", "test_loss_global"),
+    "local_acc": ("test_acc_local", "local_acc", "local.acc", "test.local_acc"),
+    "samples_per_s": ("samples_per_s", "samples_per_sec", "samples/s", "throughput", "sps"),
+    "compute_s": ("compute_s", "compute_time", "compute", "time_compute", "timing.compute_s"),
+    "inflight_s": ("inflight_s", "in_flight_s", "comm_inflight_s", "in_flight", "inflight",
+                   "timing.inflight_s", "timing.in_flight_s"),
+    "wait_s": ("wait_s", "exposed_wait_s", "exposed_s", "exposed_wait", "wait", "timing.wait_s"),
+    "bytes_sent": ("bytes_sent", "bytes", "comm_bytes", "sent_bytes", "timing.bytes_sent"),
+    "stage": ("stage",),
+    "kind": ("kind", "type", "event", "record"),
+}
+
+
+def get(record: dict, name: str, default=None):
+    """The value of canonical field ``name`` in ``record`` (see ``FIELDS``), or ``default``."""
+    for key in FIELDS.get(name, (name,)):
+        value = record
+        for part in key.split("."):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            else:
+                value = None
+                break
+        if value is not None:
+            return value
+    return default
+
+
+def _num(value):
+    """``value`` as a finite float, or None."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def as_fraction(acc):
+    """Accuracy as a fraction in [0, 1] (accepts percentages)."""
+    acc = _num(acc)
+    if acc is None:
+        return None
+    return acc / 100.0 if acc > 1.0 else acc
+
+
+@dataclass
+class Run:
+    """One run directory, parsed.
+
+    ``steps``: training-step records in file order; ``evals``: evaluation records (those
+    with a test accuracy); ``config``: the resolved config merged under ``summary``.
+    """
+
+    path: Path
+    steps: list = field(default_factory=list)
+    evals: list = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+    def setting(self, name, default=None):
+        """A run setting (``algo``, ``delay``, ``comm``, ...) from the config, then the summary."""
+        for source in (self.config, self.config.get("algo") if isinstance(self.config.get("algo"), dict) else {},
+                       self.summary, self.summary.get("config", {}) if isinstance(self.summary, dict) else {}):
+            if isinstance(source, dict) and source.get(name) is not None and not isinstance(source.get(name), dict):
+                return source[name]
+        return default
+
+    @property
+    def algo(self) -> str:
+        return str(self.setting("algo", "?"))
+
+    @property
+    def k(self):
+        """The delay/period ``k`` when it matters for this algorithm, else None."""
+        if self.algo == "ssgd":
+            return None
+        if self.algo == "odsgd":
+            return 1
+        k = self.setting("delay", self.setting("k"))
+        return int(k) if _num(k) is not None else None
+
+    @property
+    def label(self) -> str:
+        """A short legend label: ``ssgd``, ``ssd period k=5``, ``localsgd k=5`` (falls back to the dir name)."""
+        algo = self.algo
+        if algo == "?":
+            return self.path.name
+        parts = [algo]
+        if algo == "ssd":
+            comm = self.setting("comm")
+            if comm:
+                parts.append(str(comm))
+        if self.k is not None and algo != "odsgd":
+            parts.append(f"k={self.k}")
+        return " ".join(parts)
+
+    def series(self, records, x: str, y: str):
+        """Paired lists (xs, ys) of fields ``x`` and ``y`` over ``records`` where both are numbers."""
+        xs, ys = [], []
+        for r in records:
+            a, b = _num(get(r, x)), _num(get(r, y))
+            if a is not None and b is not None:
+                xs.append(a)
+                ys.append(b)
+        return xs, ys
+
+    def median(self, name: str, skip_warmup: bool = True):
+        """Median of a step field, over delay-stage steps when any are logged (None if absent).
+
+        The warm-up is SSGD for every algorithm, so steady-state numbers skip it when the
+        records say which stage they are in.
+        """
+        records = self.steps
+        if skip_warmup:
+            steady = [r for r in records if str(get(r, "stage", "")).lower() not in ("warmup", "warm-up", "switch")]
+            if steady:
+                records = steady
+        values = [v for v in (_num(get(r, name)) for r in records) if v is not None]
+        return statistics.median(values) if values else None
+
+    def final_accuracy(self):
+        """Test accuracy (fraction) of the last evaluation, or of the summary; None if there is none."""
+        if self.evals:
+            return as_fraction(get(self.evals[-1], "test_acc"))
+        return as_fraction(get(self.summary, "test_acc"))
+
+    def time_to_accuracy(self, target: float):
+        """Wall seconds of the first evaluation with test accuracy >= ``target`` (fraction), else None."""
+        for r in self.evals:
+            acc, t = as_fraction(get(r, "test_acc")), _num(get(r, "time"))
+            if acc is not None and t is not None and acc >= target - 1e-12:
+                return t
+        return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not readable JSON ({exc}); re-run the job or remove the file")
+    return data if isinstance(data, dict) else {}
+
+
+def _read_config(run_dir: Path) -> dict:
+    for name in ("config.json", "config.yaml", "config.yml", "resolved_config.yaml"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        if name.endswith(".json"):
+            return _read_json(path)
+        try:
+            import yaml
+
+            data = yaml.safe_load(path.read_text())
+        except Exception:   # a config we cannot read only costs us legend labels
+            return {}
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def load_run(run_dir) -> Run:
+    """Parse ``run_dir``; raises ``UserError`` (one line) for a missing, empty or corrupt metrics file.
+
+    A truncated LAST line (a run killed while writing) is tolerated and skipped; a bad
+    line anywhere else means the file is corrupt.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not path.is_file():
+        raise UserError(f"{path}: missing; is {run_dir} a run directory written by 'ssdmpi train'?")
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: unreadable ({exc})")
+    lines = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    run = Run(path=run_dir, summary=_read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else {},
+              config=_read_config(run_dir))
+    for n, (lineno, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if n == len(lines) - 1 and n > 0:
+                continue   # the run was killed mid-write
+            raise UserError(f"{path}:{lineno}: corrupt metrics line ({exc}); the file is not JSON lines")
+        kind = str(get(record, "kind", "")).lower()
+        if kind in ("config", "header", "start"):
+            run.config = {**record.get("config", record), **run.config}
+        elif get(record, "test_acc") is not None or kind in ("eval", "evaluation", "test"):
+            run.evals.append(record)
+        elif kind not in ("summary", "end"):
+            run.steps.append(record)
+    if not run.steps and not run.evals:
+        raise UserError(f"{path}: empty (no step or evaluation records); did the run start?")
+    return run
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("'ssdmpi plot' needs matplotlib: pip install 'ssdmpi[plot]'")
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Write atomically (temporary file + rename), so a reader never sees half a PNG."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = 0
+    for run in runs:
+        xs, ys = run.series(run.evals, x, "test_acc")
+        if not xs:
+            continue
+        ax.plot(xs, [100 * as_fraction(y) for y in ys], marker="o", markersize=3, label=run.label)
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy of global model W (%)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
+def _loss_figure(plt, runs, prefix=""):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    drawn_left = drawn_right = 0
+    for run in runs:
+        xs, ys = run.series(run.steps, "step", "loss")
+        if xs:
+            left.plot(xs, ys, linewidth=1, label=run.label)
+            drawn_left += 1
+        xs, ys = run.series(run.evals, "epoch", "test_loss")
+        if xs:
+            right.plot(xs, ys, marker="o", markersize=3, label=run.label)
+            drawn_right += 1
+    if not drawn_left and not drawn_right:
+        plt.close(fig)
+        return None
+    left.set_xlabel("step")
+    left.set_ylabel("training loss (this rank's batch)")
+    left.set_title(prefix + "Training loss")
+    right.set_xlabel("epoch")
+    right.set_ylabel("test loss of global model W")
+    right.set_title(prefix + "Test loss")
+    for ax, drawn in ((left, drawn_left), (right, drawn_right)):
+        ax.grid(True, alpha=0.3)
+        if drawn:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    return fig
+
+
+def throughput_by_k(runs):
+    """{series label: sorted [(k, median samples/s)]} plus the ssgd baseline (or None)."""
+    lines, baseline = {}, None
+    for run in runs:
+        sps = run.median("samples_per_s")
+        if sps is None:
+            sps = _num(get(run.summary, "samples_per_s"))
+        if sps is None:
+            continue
+        if run.algo == "ssgd":
+            baseline = sps if baseline is None else max(baseline, sps)
+            continue
+        if run.k is None:
+            continue
+        name = run.label.rsplit(" k=", 1)[0]
+        lines.setdefault(name, []).append((run.k, sps))
+    return {name: sorted(points) for name, points in lines.items()}, baseline
+
+
+def _throughput_figure(plt, runs, prefix=""):
+    ks = {run.k for run in runs if run.k is not None}
+    if len(ks) < 2:
+        return None
+    lines, baseline = throughput_by_k(runs)
+    if not lines:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in lines.items():
+        ax.plot([k for k, _ in points], [s for _, s in points], marker="o", label=name)
+    if baseline is not None:
+        ax.axhline(baseline, color="black", linestyle="--", linewidth=1, label="ssgd (no delay)")
+    ax.set_xlabel("delay / period k (steps)")
+    ax.set_ylabel("training throughput (samples/s, all ranks)")
+    ax.set_title(prefix + "Throughput vs k (median over delay-stage steps)")
+    ax.set_xticks(sorted(ks))
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def make_figures(runs, out_dir, title: str = "") -> list:
+    """Draw every figure the runs have data for into ``out_dir``; return the written paths."""
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"{title}: " if title else ""
+    figures = {
+        "accuracy_vs_time.png": _accuracy_figure(plt, runs, "time", "wall-clock time (s)",
+                                                 prefix + "Test accuracy vs wall time"),
+        "accuracy_vs_epoch.png": _accuracy_figure(plt, runs, "epoch", "epoch",
+                                                  prefix + "Test accuracy vs epochs"),
+        "loss.png": _loss_figure(plt, runs, prefix),
+        "throughput_vs_k.png": _throughput_figure(plt, runs, prefix),
+    }
+    written = []
+    for name, fig in figures.items():
+        if fig is None:
+            continue
+        written.append(_save(fig, out_dir / name))
+        plt.close(fig)
+    return written
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories holding metrics.jsonl")
+    parser.add_argument("--out", default="figures", metavar="DIR",
+                        help="directory for the PNG files (created if needed; default ./figures)")
+    parser.add_argument("--title", default="", help="prefix for the figure titles (e.g. the experiment name)")
+
+
+def run(args) -> int:
+    runs = [load_run(d) for d in args.run_dirs]
+    written = make_figures(runs, args.out, title=args.title)
+    if not written:
+        raise UserError("no figure could be drawn: the runs log no test accuracy, loss or samples/s")
+    for path in written:
+        print(path)
+    return 0

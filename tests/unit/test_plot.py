@@ -1,0 +1,135 @@
+"""``ssdmpi plot``: PNG figures from synthetic run directories, and one-line errors for bad ones."""
+
+import json
+import struct
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytest.importorskip("matplotlib")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(run_dir, algo="ssgd", k=None, comm=None, sps=1000.0, epochs=3, steps_per_epoch=20,
+              step_time=0.01, final_acc=0.85, warmup_steps=5):
+    """A small, plausible run directory as ``ssdmpi train`` writes it (metrics.jsonl + summary.json)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    records, step = [], 0
+    for epoch in range(1, epochs + 1):
+        for _ in range(steps_per_epoch):
+            step += 1
+            records.append({"step": step, "epoch": step / steps_per_epoch, "time": step * step_time,
+                            "stage": "warmup" if step <= warmup_steps else "delay",
+                            "loss": 2.3 / (1 + 0.05 * step), "lr": 0.05, "samples_per_s": sps,
+                            "compute_s": 0.004, "inflight_s": 0.003, "wait_s": 0.001, "bytes_sent": 4096})
+        acc = final_acc * (1 - 0.3 / epoch)   # rises towards final_acc, reached at the last epoch
+        if epoch == epochs:
+            acc = final_acc
+        records.append({"kind": "eval", "step": step, "epoch": float(epoch), "time": step * step_time,
+                        "test_acc": acc, "test_loss": 1.0 / epoch})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = {"algo": algo, "delay": k, "comm": comm, "epochs": epochs}
+    (run_dir / "summary.json").write_text(json.dumps({"config": config, "test_acc": final_acc}))
+    return run_dir
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk; asserts the file is a PNG."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_reader_classifies_steps_and_evaluations(tmp_path):
+    from ssdmpi.plot import load_run
+
+    run = load_run(write_run(tmp_path / "r", algo="ssd", k=5, comm="period", epochs=2, steps_per_epoch=10))
+    assert len(run.steps) == 20 and len(run.evals) == 2
+    assert run.label == "ssd period k=5"
+    assert run.final_accuracy() == pytest.approx(0.85)
+    # the first evaluation at or above the target: epoch 2, at step 20 * 0.01 s
+    assert run.time_to_accuracy(0.80) == pytest.approx(0.20)
+    assert run.time_to_accuracy(0.99) is None
+
+
+def test_plot_writes_readable_pngs_for_every_figure(tmp_path):
+    runs = [write_run(tmp_path / "ssgd", algo="ssgd", sps=500),
+            write_run(tmp_path / "ssd2", algo="ssd", k=2, comm="period", sps=800),
+            write_run(tmp_path / "ssd5", algo="ssd", k=5, comm="period", sps=1100),
+            write_run(tmp_path / "local5", algo="localsgd", k=5, sps=1000)]
+    out = tmp_path / "figs"
+    result = run_cli(["plot", *map(str, runs), "--out", str(out), "--title", "synthetic"])
+    assert result.returncode == 0, result.stderr
+    names = {"accuracy_vs_time.png", "accuracy_vs_epoch.png", "loss.png", "throughput_vs_k.png"}
+    assert {p.name for p in out.iterdir()} == names
+    assert set(result.stdout.split()) == {str(out / n) for n in names}
+    for name in names:
+        width, height = png_size(out / name)
+        assert 400 <= width <= 2000 and 300 <= height <= 1200, (name, width, height)
+        assert (out / name).stat().st_size > 10_000   # axes, labels and lines, not a blank canvas
+
+
+def test_throughput_figure_needs_runs_that_differ_in_k(tmp_path):
+    runs = [write_run(tmp_path / "a", algo="ssgd"), write_run(tmp_path / "b", algo="ssd", k=5, comm="period")]
+    out = tmp_path / "figs"
+    assert run_cli(["plot", *map(str, runs), "--out", str(out)]).returncode == 0
+    assert not (out / "throughput_vs_k.png").exists()
+    assert (out / "accuracy_vs_time.png").exists()
+
+
+def test_throughput_by_k_takes_the_steady_state_median(tmp_path):
+    from ssdmpi.plot import load_run, throughput_by_k
+
+    runs = [load_run(write_run(tmp_path / f"k{k}", algo="ssd", k=k, comm="period", sps=100.0 * k)) for k in (5, 1, 2)]
+    runs.append(load_run(write_run(tmp_path / "s", algo="ssgd", sps=50.0)))
+    lines, baseline = throughput_by_k(runs)
+    assert lines == {"ssd period": [(1, 100.0), (2, 200.0), (5, 500.0)]}
+    assert baseline == 50.0
+
+
+def one_line_error(result):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error:")
+    return lines[0]
+
+
+def test_missing_run_directory_is_a_one_line_error(tmp_path):
+    line = one_line_error(run_cli(["plot", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]))
+    assert "no such run directory" in line
+
+
+def test_missing_metrics_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "run").mkdir()
+    line = one_line_error(run_cli(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "o")]))
+    assert "metrics.jsonl" in line and "missing" in line
+
+
+def test_empty_metrics_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n")
+    line = one_line_error(run_cli(["plot", str(tmp_path / "run"), "--out", str(tmp_path / "o")]))
+    assert "empty" in line
+
+
+def test_corrupt_metrics_line_is_a_one_line_error_naming_the_line(tmp_path):
+    run = write_run(tmp_path / "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[3] = lines[3][:10]   # a damaged line in the middle
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    line = one_line_error(run_cli(["plot", str(run), "--out", str(tmp_path / "o")]))
+    assert "metrics.jsonl:4: corrupt" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_truncated_last_line_of_a_killed_run_is_skipped(tmp_path):
+    from ssdmpi.plot import load_run
+
+    run = write_run(tmp_path / "run", epochs=1, steps_per_epoch=4)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "lo')
+    assert len(load_run(run).steps) == 4
