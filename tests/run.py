@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,14 +34,43 @@ def mpiexec() -> str:
     return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
-def run_stage(name: str, cmd: list[str], timeout: int, env: dict, logdir: Path | None = None) -> bool:
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
+
+
+def pytest_counts(output: str) -> dict:
+    """The counts of pytest's closing line ("3 passed, 1 skipped in 2.0s"), as a dict."""
+    for line in reversed(output.splitlines()):
+        if re.search(r" in [\d.]+s", line) and COUNT.search(line):
+            return {kind.rstrip("s") if kind.startswith("error") else kind: int(n)
+                    for n, kind in COUNT.findall(line)}
+    return {}
+
+
+def run_stage(name: str, cmd: list[str], timeout: int, env: dict, totals: dict, logdir: Path | None = None) -> bool:
+    """Run one stage under an outer timeout, echoing its output; add its pytest counts to ``totals``."""
     print(f"\n=== {name}: {' '.join(cmd)} (timeout {timeout}s)", flush=True)
     start = time.monotonic()
-    try:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    timed_out = threading.Event()
+
+    def kill_on_timeout():
+        timed_out.set()
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, kill_on_timeout)
+    timer.start()
+    output = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        output.append(line)
+    rc = proc.wait()
+    timer.cancel()
+    if timed_out.is_set():
         print(f"=== {name}: TIMED OUT after {timeout}s (deadlock?)", flush=True)
         rc = 124
+    for kind, n in pytest_counts("".join(output)).items():
+        totals[kind] = totals.get(kind, 0) + n
     if rc == 5:   # pytest: no tests collected (a stage whose tests do not exist yet)
         print(f"=== {name}: no tests collected", flush=True)
     ok = rc in (0, 5)
@@ -62,20 +94,24 @@ def main() -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
-    results = []
+    results, totals = [], {}
     if "unit" in stages:
         results.append(run_stage("unit (serial)", PYTEST + ["--timeout=300", "tests/unit"] + args.pytest_args,
-                                 args.timeout, env))
+                                 args.timeout, env, totals))
     if "mpi" in stages:
         for n in RANKS:
             logdir = Path(tempfile.mkdtemp(prefix=f"ssdmpi-test-n{n}-"))
             cmd = [mpiexec(), "-n", str(n), sys.executable, "tests/mpi_pytest.py", str(logdir)] + PYTEST[3:] \
                 + ["--timeout=300", "tests/mpi"] + args.pytest_args
-            results.append(run_stage(f"mpi (-n {n})", cmd, args.timeout, env, logdir))
+            results.append(run_stage(f"mpi (-n {n})", cmd, args.timeout, env, totals, logdir))
     if "slurm" in stages:
         results.append(run_stage("slurm", PYTEST + ["--timeout=900", "tests/slurm"] + args.pytest_args,
-                                 args.timeout, env))
-    print(f"\n{sum(results)} passed, {len(results) - sum(results)} failed (test stages)")
+                                 args.timeout, env, totals))
+    failed_stages = len(results) - sum(results)
+    print(f"\nstages: {sum(results)} passed, {failed_stages} failed")
+    # Test counts summed over stages (an MPI stage counts rank 0's report once).
+    failed = totals.get("failed", 0) + totals.get("error", 0) + (failed_stages if not totals.get("failed") else 0)
+    print(f"tests: {totals.get('passed', 0)} passed, {failed} failed, {totals.get('skipped', 0)} skipped")
     return 0 if all(results) else 1
 
 
