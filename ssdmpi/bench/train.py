@@ -1,0 +1,425 @@
+"""``ssdmpi bench train``: the same training job under several algorithms, on a throttled network.
+
+Each variant is a whole ``ssdmpi train`` run on ``--ranks`` ranks (default 2), launched as
+a subprocess::
+
+    bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2 python -m ssdmpi train --run-dir OUT/runs/NAME ...
+
+(``--net none``: plain ``mpiexec`` over shared memory). Variants run one after another in
+the order given and, with ``--repeats R``, the whole list is repeated R times (interleaved,
+so slow drift of a shared machine hits every variant alike); tables use each variant's
+median over repeats. Then every run directory is parsed (``ssdmpi.plot.load_run``) and
+the results are written:
+
+- ``OUT/results.md`` and ``OUT/results.csv``: one row per variant (columns in ``COLUMNS``);
+- ``OUT/figures/*.png``: ``ssdmpi plot`` of all runs;
+- ``OUT/logs/NAME.log``: each run's stdout and stderr.
+
+Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every algorithm):
+
+- samples/s: the trainer's logged ``samples_per_s``, harmonic mean over logged intervals
+  (every interval covers the same number of samples, so this is total samples / total time);
+- compute / in-flight / exposed wait, bytes sent: per-step means (a ``--comm period`` run
+  sends one allreduce every k steps, so its per-step bytes are 1/k of ssgd's);
+- speedup: samples/s over ssgd's (the first ssgd variant; blank without one);
+- target accuracy: ssgd's final test accuracy minus ``--target-drop`` (0.5 point);
+  time to target: wall seconds of the first evaluation reaching it; ``tta/ssgd``: that time
+  over ssgd's TOTAL wall time (the issue's "at most 0.6x ssgd's wall time").
+
+Never overwrites: a run directory that already exists is an error unless ``--reuse``,
+which parses it instead of training again (to rebuild tables after a change).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ssdmpi.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+NETNS = ROOT / "bin" / "ssdmpi-netns"
+
+# (column key, header) in table order.
+COLUMNS = (
+    ("name", "variant"),
+    ("algo", "algo"),
+    ("comm", "comm"),
+    ("k", "k"),
+    ("samples_per_s", "samples/s"),
+    ("speedup", "speedup vs ssgd"),
+    ("compute_ms", "compute ms/step"),
+    ("inflight_ms", "in-flight ms/step"),
+    ("wait_ms", "exposed wait ms/step"),
+    ("mb_per_step", "MB sent/step"),
+    ("final_acc", "final test acc %"),
+    ("acc_delta", "acc - ssgd (points)"),
+    ("wall_s", "wall s"),
+    ("tta_s", "time to target s"),
+    ("tta_ratio", "tta / ssgd wall"),
+    ("status", "status"),
+)
+
+
+@dataclass
+class Variant:
+    """One training configuration: a name and the ``ssdmpi train`` flags that make it."""
+
+    name: str
+    algo: str
+    comm: str | None = None
+    k: int | None = None
+
+    def train_flags(self) -> list:
+        flags = ["--algo", self.algo]
+        if self.comm:
+            flags += ["--comm", self.comm]
+        if self.k is not None and self.algo in ("ssd", "localsgd"):
+            flags += ["--delay", str(self.k)]
+        return flags
+
+
+def parse_variant(spec: str) -> Variant:
+    """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``."""
+    parts = spec.strip().split(":")
+    try:
+        if parts == ["ssgd"]:
+            return Variant("ssgd", "ssgd")
+        if parts == ["odsgd"]:
+            return Variant("odsgd", "odsgd", k=1)
+        if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and int(parts[2]) >= 1:
+            return Variant(f"ssd-{parts[1]}-k{int(parts[2])}", "ssd", comm=parts[1], k=int(parts[2]))
+        if parts[0] == "localsgd" and len(parts) == 2 and int(parts[1]) >= 1:
+            return Variant(f"localsgd-k{int(parts[1])}", "localsgd", k=int(parts[1]))
+    except ValueError:
+        pass
+    raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K "
+                    "or localsgd:K (K a positive integer)")
+
+
+def default_variants(ks) -> list:
+    """ssgd, then ssd period and step for every k, odsgd, and localsgd for every k."""
+    out = [Variant("ssgd", "ssgd")]
+    out += [parse_variant(f"ssd:period:{k}") for k in ks]
+    out += [parse_variant(f"ssd:step:{k}") for k in ks]
+    out.append(parse_variant("odsgd"))
+    out += [parse_variant(f"localsgd:{k}") for k in ks]
+    return out
+
+
+def _mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def check_network(net: str) -> None:
+    """Raise ``UserError`` unless a throttled namespace can be made (root, iproute2, the launcher)."""
+    if net == "none":
+        return
+    if not NETNS.exists():
+        raise UserError(f"--net {net} needs {NETNS} (the throttled-network launcher); use --net none for shared memory")
+    if os.geteuid() != 0:
+        raise UserError(f"--net {net} needs root (a private network namespace and tc); run as root or use --net none")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise UserError(f"--net {net} needs iproute2 ({' and '.join(missing)} not found: apt-get install iproute2); "
+                        "or use --net none")
+
+
+def launch_command(variant: Variant, run_dir: Path, args) -> list:
+    """The argv of one run (see the module docstring)."""
+    train = [sys.executable, "-m", "ssdmpi", "train", "--run-dir", str(run_dir),
+             "--dataset", args.dataset, "--model", args.model, "--batch-size", str(args.batch_size),
+             "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--seed", str(args.seed),
+             "--no-progress-bar"]
+    train += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs)]
+    train += variant.train_flags() + shlex.split(args.train_args or "")
+    cmd = [_mpiexec(), "-n", str(args.ranks)] + train
+    if args.net != "none":
+        cmd = [str(NETNS), "--rate", args.net, "--"] + cmd
+    return cmd
+
+
+# ----------------------------------------------------------------------------- results
+
+def _per_step_means(run):
+    """Per-step means of compute/in-flight/wait seconds and bytes over delay-stage records.
+
+    The trainer logs interval totals, one record every ``log_every`` steps; a record's
+    interval is the steps since the previous record (``interval_steps`` when given).
+    """
+    from ssdmpi.plot import _num, get
+
+    totals = {"compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
+    seen = {name: False for name in totals}
+    steps, prev = 0, None
+    for r in run.steps:
+        step = _num(get(r, "step"))
+        n = _num(r.get("interval_steps"))
+        if n is None:
+            n = step - prev if (step is not None and prev is not None) else None
+        prev = step if step is not None else prev
+        if n is None or n <= 0 or str(get(r, "stage", "")).lower() in ("warmup", "warm-up", "switch"):
+            continue
+        steps += n
+        for name in totals:
+            value = _num(get(r, name))
+            if value is not None:
+                totals[name] += value
+                seen[name] = True
+    if not steps:
+        return {name: None for name in totals}
+    return {name: (totals[name] / steps if seen[name] else None) for name in totals}
+
+
+def _harmonic_mean_sps(run):
+    from ssdmpi.plot import _num, get
+
+    records = [r for r in run.steps if str(get(r, "stage", "")).lower() not in ("warmup", "warm-up", "switch")]
+    values = [v for v in (_num(get(r, "samples_per_s")) for r in (records or run.steps)) if v and v > 0]
+    if values:
+        return len(values) / sum(1.0 / v for v in values)
+    return _num(get(run.summary, "samples_per_s"))
+
+
+def run_metrics(run) -> dict:
+    """The raw per-run numbers of one parsed run (``ssdmpi.plot.Run``), before comparison."""
+    from ssdmpi.plot import _num, get
+
+    means = _per_step_means(run)
+    wall = None
+    if run.evals:
+        wall = _num(get(run.evals[-1], "time"))
+    if wall is None:
+        wall = _num(get(run.summary, "time"))
+    return {"samples_per_s": _harmonic_mean_sps(run), "compute_s": means["compute_s"],
+            "inflight_s": means["inflight_s"], "wait_s": means["wait_s"], "bytes_sent": means["bytes_sent"],
+            "final_acc": run.final_accuracy(), "wall_s": wall, "run": run}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> list:
+    """Table rows (dicts keyed like ``COLUMNS``), medians over repeats, compared with ssgd.
+
+    ``runs_by_variant``: variant name -> list of ``run_metrics`` dicts (or a status string
+    such as "failed (exit 1)" when no repeat produced a readable run).
+    """
+    rows, base = [], None
+    for v in variants:
+        results = runs_by_variant.get(v.name)
+        row = {"name": v.name, "algo": v.algo, "comm": v.comm or "", "k": v.k if v.k is not None else ""}
+        if not isinstance(results, list) or not results:
+            row["status"] = results if isinstance(results, str) else "not run"
+            rows.append(row)
+            continue
+        m = {key: _median([r[key] for r in results]) for key in
+             ("samples_per_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", "final_acc", "wall_s")}
+        m["runs"] = [r["run"] for r in results]
+        row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
+        row["_m"] = m
+        rows.append(row)
+        if v.algo == "ssgd" and base is None:
+            base = m
+    target = base["final_acc"] - target_drop if base and base["final_acc"] is not None else None
+    for row in rows:
+        m = row.pop("_m", None)
+        if m is None:
+            continue
+        row["samples_per_s"] = m["samples_per_s"]
+        row["compute_ms"] = None if m["compute_s"] is None else 1e3 * m["compute_s"]
+        row["inflight_ms"] = None if m["inflight_s"] is None else 1e3 * m["inflight_s"]
+        row["wait_ms"] = None if m["wait_s"] is None else 1e3 * m["wait_s"]
+        row["mb_per_step"] = None if m["bytes_sent"] is None else m["bytes_sent"] / 1e6
+        row["final_acc"] = None if m["final_acc"] is None else 100 * m["final_acc"]
+        row["wall_s"] = m["wall_s"]
+        if base is not None:
+            if base["samples_per_s"] and m["samples_per_s"]:
+                row["speedup"] = m["samples_per_s"] / base["samples_per_s"]
+            if base["final_acc"] is not None and m["final_acc"] is not None:
+                row["acc_delta"] = 100 * (m["final_acc"] - base["final_acc"])
+        if target is not None:
+            row["tta_s"] = _median([run.time_to_accuracy(target) for run in m["runs"]])
+            if row["tta_s"] is not None and base["wall_s"]:
+                row["tta_ratio"] = row["tta_s"] / base["wall_s"]
+    return rows
+
+
+def _fmt(key, value) -> str:
+    if value is None or value == "":
+        return ""
+    if isinstance(value, float):
+        if key in ("speedup", "tta_ratio"):
+            return f"{value:.2f}x"
+        if key == "acc_delta":
+            return f"{value:+.2f}"
+        if key in ("mb_per_step",):
+            return f"{value:.3f}"
+        if key in ("final_acc", "compute_ms", "inflight_ms", "wait_ms", "wall_s", "tta_s"):
+            return f"{value:.2f}" if value < 100 else f"{value:.1f}"
+        return f"{value:.1f}"
+    return str(value)
+
+
+def markdown_table(rows) -> str:
+    """The rows as a GitHub Markdown table (formatted numbers; blank where unknown)."""
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
+             "|" + "|".join("---" if k in ("name", "algo", "comm", "status") else "---:" for k, _ in COLUMNS) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k, _ in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows) -> str:
+    """The rows as CSV with machine-friendly headers (the ``COLUMNS`` keys) and full precision."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([k for k, _ in COLUMNS])
+    for row in rows:
+        writer.writerow(["" if row.get(k) is None else row.get(k) for k, _ in COLUMNS])
+    return buf.getvalue()
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- command
+
+def _ks(text: str) -> list:
+    try:
+        ks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 1 for k in ks):
+        raise UserError(f"--k must be comma-separated positive integers like 2,5,10; got {text!r}")
+    return ks
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", required=True, metavar="DIR", help="results directory (runs/, logs/, tables, figures)")
+    parser.add_argument("--net", default="1gbit", metavar="RATE|none",
+                        help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
+                             "'none': shared memory, no namespace (default 1gbit)")
+    parser.add_argument("--ranks", type=int, default=2, help="MPI ranks per run (default 2)")
+    parser.add_argument("--k", default="5", metavar="K1,K2", help="delays/periods for the default variants (default 5)")
+    parser.add_argument("--variants", metavar="V1,V2",
+                        help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
+                             "ssd:step:K, localsgd:K")
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--model", default="wide-mlp")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None, help="iterations per run (overrides --epochs)")
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--warmup-steps", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-args", default="", metavar="'FLAGS'",
+                        help="more 'ssdmpi train' flags for every run, quoted, e.g. '--log-every 5'")
+    parser.add_argument("--repeats", type=int, default=1, help="repeat the variant list R times, interleaved")
+    parser.add_argument("--target-drop", type=float, default=0.5, metavar="POINTS",
+                        help="target accuracy = ssgd's final minus this many points (default 0.5)")
+    parser.add_argument("--timeout", type=float, default=3600, metavar="SEC", help="per run (default 3600)")
+    parser.add_argument("--reuse", action="store_true", help="parse existing run directories instead of re-running")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+
+
+def _validate(args) -> list:
+    if args.ranks < 1:
+        raise UserError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.epochs < 1 or (args.steps is not None and args.steps < 1):
+        raise UserError("--epochs and --steps must be positive")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be > 0, got {args.timeout}")
+    if not args.net or (args.net != "none" and not args.net[0].isdigit()):
+        raise UserError(f"--net {args.net!r}: give a tc rate such as 1gbit or 100mbit, or 'none'")
+    try:
+        shlex.split(args.train_args or "")
+    except ValueError as exc:
+        raise UserError(f"--train-args: {exc}")
+    variants = [parse_variant(v) for v in args.variants.split(",")] if args.variants else default_variants(_ks(args.k))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise UserError(f"--variants lists a variant twice: {', '.join(names)}")
+    return variants
+
+
+def run(args) -> int:
+    variants = _validate(args)
+    out = Path(args.out)
+    jobs = [(v, rep, out / "runs" / (v.name if args.repeats == 1 else f"{v.name}-r{rep}"))
+            for rep in range(args.repeats) for v in variants]
+    if args.dry_run:
+        for v, _, run_dir in jobs:
+            print(shlex.join(launch_command(v, run_dir, args)))
+        return 0
+    if not args.reuse:
+        check_network(args.net)
+        existing = [str(d) for _, _, d in jobs if d.exists()]
+        if existing:
+            raise UserError(f"{existing[0]} already exists; choose a new --out, remove it, or pass --reuse")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+
+    from ssdmpi.plot import load_run, make_figures
+
+    results, failures = {}, 0
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+    for v, rep, run_dir in jobs:
+        status = None
+        if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
+            cmd = launch_command(v, run_dir, args)
+            print(f"[bench train] {run_dir.name}: {shlex.join(cmd)}", flush=True)
+            start = time.monotonic()
+            log = out / "logs" / f"{run_dir.name}.log"
+            with open(log, "w") as f:
+                try:
+                    rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                        timeout=args.timeout).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+            print(f"[bench train] {run_dir.name}: exit {rc} after {time.monotonic() - start:.0f}s (log {log})",
+                  flush=True)
+            if rc != 0:
+                status = f"failed (exit {rc}, see logs/{log.name})"
+                failures += 1
+        if status is None:
+            try:
+                results.setdefault(v.name, []).append(run_metrics(load_run(run_dir)))
+                continue
+            except UserError as exc:
+                status = f"unreadable: {exc}"
+                failures += 1
+        if not results.get(v.name):
+            results[v.name] = status
+
+    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
+    md, text_csv = markdown_table(rows), csv_table(rows)
+    header = (f"<!-- ssdmpi bench train: {args.model} on {args.dataset}, {args.ranks} ranks, net {args.net}, "
+              f"batch {args.batch_size}/rank, lr {args.lr}, "
+              f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps} -->\n")
+    _write_new(out / "results.md", header + md)
+    _write_new(out / "results.csv", text_csv)
+    runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
+    if runs:
+        make_figures(runs, out / "figures", title=f"{args.model}, {args.ranks} ranks, net {args.net}")
+    print(md, end="")
+    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'figures'}/")
+    return 1 if failures else 0

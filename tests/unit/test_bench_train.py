@@ -1,0 +1,166 @@
+"""``ssdmpi bench train``: variants, launch commands, results tables from synthetic runs, bad input.
+
+No real training here: run directories are written by the test (``write_run``) and the
+command parses them with ``--reuse``.
+"""
+
+import csv
+import io
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.unit.test_plot import write_run
+
+
+def test_variant_specs_and_their_train_flags():
+    from ssdmpi.bench.train import parse_variant
+
+    v = parse_variant("ssd:period:5")
+    assert (v.name, v.train_flags()) == ("ssd-period-k5", ["--algo", "ssd", "--comm", "period", "--delay", "5"])
+    assert parse_variant("ssgd").train_flags() == ["--algo", "ssgd"]
+    assert parse_variant("odsgd").train_flags() == ["--algo", "odsgd"]
+    assert parse_variant("localsgd:10").train_flags() == ["--algo", "localsgd", "--delay", "10"]
+
+
+def test_default_variants_cover_every_algorithm_for_every_k():
+    from ssdmpi.bench.train import default_variants
+
+    names = [v.name for v in default_variants([2, 5])]
+    assert names == ["ssgd", "ssd-period-k2", "ssd-period-k5", "ssd-step-k2", "ssd-step-k5", "odsgd",
+                     "localsgd-k2", "localsgd-k5"]
+
+
+def test_dry_run_prints_throttled_mpiexec_commands(tmp_path):
+    result = run_cli(["bench", "train", "--out", str(tmp_path / "b"), "--variants", "ssgd,ssd:period:5",
+                      "--epochs", "3", "--train-args", "--log-every 5", "--dry-run"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    assert "ssdmpi-netns --rate 1gbit -- " in lines[0] and "mpiexec -n 2 " in lines[0]
+    assert "-m ssdmpi train --run-dir " + str(tmp_path / "b" / "runs" / "ssgd") in lines[0]
+    assert "--epochs 3" in lines[0] and lines[0].endswith("--algo ssgd --log-every 5")
+    assert lines[1].endswith("--algo ssd --comm period --delay 5 --log-every 5")
+    assert not (tmp_path / "b").exists()   # a dry run writes nothing
+
+
+def test_net_none_runs_plain_mpiexec(tmp_path):
+    result = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd", "--net", "none",
+                      "--dry-run", "--ranks", "4"])
+    assert result.returncode == 0, result.stderr
+    assert "ssdmpi-netns" not in result.stdout and "mpiexec -n 4 " in result.stdout
+
+
+def synthetic_bench(out):
+    """Run directories as a real bench would leave them: ssgd slow, ssd period fast, one failed run."""
+    runs = out / "runs"
+    # ssgd: 200 samples/s, 10 s per epoch; ends at 86%.
+    write_run(runs / "ssgd", algo="ssgd", sps=200.0, step_time=0.5, final_acc=0.86)
+    # ssd period k=5: 2.5x the samples/s; ends at 85.7% (reaches the 85.5% target at epoch 3).
+    write_run(runs / "ssd-period-k5", algo="ssd", comm="period", k=5, sps=500.0, step_time=0.2, final_acc=0.857)
+    return ["ssgd", "ssd-period-k5"]
+
+
+def test_results_from_existing_runs_table_csv_and_figures(tmp_path):
+    synthetic_bench(tmp_path)
+    result = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd,ssd:period:5", "--reuse"])
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "results.csv").read_text())))
+    assert [r["name"] for r in rows] == ["ssgd", "ssd-period-k5"]
+    ssgd, ssd = rows
+    assert float(ssd["speedup"]) == pytest.approx(2.5)
+    assert float(ssgd["speedup"]) == pytest.approx(1.0)
+    assert float(ssd["final_acc"]) == pytest.approx(85.7)
+    assert float(ssd["acc_delta"]) == pytest.approx(-0.3)
+    # write_run logs 20 steps per epoch, 3 epochs; the target (85.5%) is first reached at the last
+    # evaluation: ssd at 60 * 0.2 = 12 s, ssgd at 60 * 0.5 = 30 s (its whole wall time).
+    assert float(ssd["tta_s"]) == pytest.approx(12.0)
+    assert float(ssd["tta_ratio"]) == pytest.approx(0.4)
+    assert float(ssgd["wall_s"]) == pytest.approx(30.0)
+    # per-step interval totals: write_run logs every step, so per-step means are the logged values
+    assert float(ssd["compute_ms"]) == pytest.approx(4.0)
+    assert float(ssd["wait_ms"]) == pytest.approx(1.0)
+    assert float(ssd["mb_per_step"]) == pytest.approx(0.004096)
+    md = (tmp_path / "results.md").read_text()
+    assert "| ssd-period-k5 | ssd | period | 5 | 500.0 | 2.50x |" in md
+    assert "speedup vs ssgd" in md and "time to target s" in md
+    assert "| ssd-period-k5 |" in result.stdout
+    assert (tmp_path / "figures" / "accuracy_vs_time.png").stat().st_size > 10_000
+
+
+def test_per_step_means_divide_interval_totals_by_the_steps_in_each_interval(tmp_path):
+    from ssdmpi.bench.train import run_metrics
+    from ssdmpi.plot import load_run
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    records = [  # logged every 10 steps; the first interval is warm-up and is left out
+        {"step": 10, "stage": "warmup", "compute_s": 1.0, "wait_s": 9.0, "bytes_sent": 100, "samples_per_s": 10},
+        {"step": 20, "stage": "delay", "compute_s": 0.5, "wait_s": 0.1, "bytes_sent": 40, "samples_per_s": 100},
+        {"step": 30, "stage": "delay", "compute_s": 0.7, "wait_s": 0.3, "bytes_sent": 0, "samples_per_s": 300},
+        {"kind": "eval", "epoch": 1, "time": 5.0, "test_acc": 0.5},
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    m = run_metrics(load_run(run_dir))
+    assert m["compute_s"] == pytest.approx(1.2 / 20)
+    assert m["wait_s"] == pytest.approx(0.4 / 20)
+    assert m["bytes_sent"] == pytest.approx(2.0)
+    assert m["samples_per_s"] == pytest.approx(150.0)   # harmonic mean: equal samples per interval
+    assert m["wall_s"] == 5.0 and m["final_acc"] == 0.5
+
+
+def test_a_failed_variant_is_reported_in_the_table_and_exits_1(tmp_path):
+    from ssdmpi.bench.train import markdown_table, parse_variant, summarise
+
+    rows = summarise([parse_variant("ssgd"), parse_variant("odsgd")], {"odsgd": "failed (exit 1)"})
+    assert rows[0]["status"] == "not run" and rows[1]["status"] == "failed (exit 1)"
+    assert "| odsgd | odsgd |  | 1 |" in markdown_table(rows)
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path):
+    synthetic_bench(tmp_path)
+    before = (tmp_path / "runs" / "ssgd" / "metrics.jsonl").read_text()
+    result = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd", "--net", "none"])
+    assert result.returncode == 2 and "already exists" in result.stderr and "--reuse" in result.stderr
+    assert (tmp_path / "runs" / "ssgd" / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--variants", "ssd:sometimes:5"], "--variants"),
+    (["--variants", "ssd:period:0"], "--variants"),
+    (["--variants", "ssgd,ssgd"], "twice"),
+    (["--k", "5,x"], "--k"),
+    (["--ranks", "0"], "--ranks"),
+    (["--repeats", "0"], "--repeats"),
+    (["--net", "fast"], "--net"),
+    (["--train-args", "'unclosed"], "--train-args"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, flags, message):
+    result = run_cli(["bench", "train", "--out", str(tmp_path / "o"), "--dry-run", *flags])
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error:") and message in lines[0], result.stderr
+
+
+def test_throttled_network_without_root_or_iproute2_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from ssdmpi.bench import train
+    from ssdmpi.cli import main
+    from ssdmpi.errors import UserError
+
+    train.check_network("none")   # shared memory needs nothing
+    monkeypatch.setattr(train, "NETNS", tmp_path / "no-launcher")
+    with pytest.raises(UserError, match="no-launcher"):
+        train.check_network("1gbit")
+    launcher = tmp_path / "ssdmpi-netns"
+    launcher.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(train, "NETNS", launcher)
+    monkeypatch.setattr(train.os, "geteuid", lambda: 1000)
+    assert main(["bench", "train", "--out", str(tmp_path / "o"), "--variants", "ssgd"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs root" in err[0] and "--net none" in err[0]
+    assert not (tmp_path / "o").exists()
+    monkeypatch.setattr(train.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(train.shutil, "which", lambda tool: None)
+    with pytest.raises(UserError, match="iproute2"):
+        train.check_network("1gbit")
