@@ -1,0 +1,174 @@
+"""What a training run tells its user: ``metrics.jsonl``, the progress display, the summary.
+
+Everything here runs on rank 0 only (the trainer reduces numbers over the control
+communicator first). ``metrics.jsonl`` holds one JSON object per line, appended and
+flushed as it happens, so a crashed or preempted run keeps what it logged (a resumed
+run appends to the same file). Two kinds of record:
+
+``{"kind": "step", ...}`` every ``--log-every`` steps, averaged over the interval and ranks:
+    step (iterations done), epoch (fractional), stage (warmup | delay | ssgd | ...),
+    time (wall seconds of training so far, across resumes), loss (mean training loss),
+    lr, lr_local, samples_per_s (all ranks), step_s (wall seconds per step),
+    compute_s / inflight_s / wait_s (per step, mean over ranks: computing, an allreduce
+    in flight, blocked waiting for one), wait_max_s (the slowest rank's), bytes_sent
+    (per step per rank), overlap (fraction of in-flight time hidden behind compute)
+``{"kind": "eval", ...}`` after each evaluation on the test split:
+    step, epoch, stage, time, test_acc, test_loss (the global model W), and in the delay
+    stage test_acc_local, test_loss_local (rank 0's local model L)
+
+Other kinds: ``start`` (run start or resume: world size, config), ``checkpoint`` (path,
+reason), ``stop`` (why the run stopped early). ``ssdmpi plot`` reads these files.
+``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+
+class MetricsLog:
+    """Appends JSON records to ``path``, one line each, flushed at once (rank 0)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._f = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(_clean(record), allow_nan=False) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _clean(v):
+    """NaN/inf -> None (JSON has no NaN); NumPy scalars -> Python numbers."""
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        try:
+            v = v.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class Progress:
+    """Rank 0's display: a tqdm bar on a terminal, plain lines otherwise (Slurm logs).
+
+    ``update(step, fields)`` moves the bar to ``step`` (or, without a bar, prints one line
+    per call: the trainer calls it every ``--log-every`` steps). ``message(text)`` prints
+    a line without breaking the bar. ``enabled=False`` (other ranks) makes all of it silent.
+    """
+
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True, bar: bool = True, stream=None):
+        self.enabled, self.total, self.stream = enabled, total, stream or sys.stderr
+        self._bar = None
+        self._start = time.monotonic()
+        if enabled and bar and _isatty(self.stream):
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, file=self.stream, unit="step",
+                             dynamic_ncols=True, leave=True)
+
+    @property
+    def is_bar(self) -> bool:
+        return self._bar is not None
+
+    def update(self, step: int, fields: dict) -> None:
+        if not self.enabled:
+            return
+        text = "  ".join(_fmt(k, v) for k, v in fields.items() if v is not None)
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_postfix_str(text, refresh=False)
+            self._bar.refresh()
+        else:
+            width = len(str(self.total))
+            print(f"step {step:>{width}}/{self.total}  {text}", file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _fmt(key: str, v) -> str:
+    if isinstance(v, float):
+        if key in ("acc", "test_acc", "local_acc"):
+            return f"{key} {v:.2%}"
+        return f"{key} {v:.4g}"
+    return f"{key} {v}"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m{s:02d}s" if hours else f"{m}m{s:02d}s"
+
+
+def write_summary(run_dir: str, summary: dict) -> tuple[str, str]:
+    """Write ``summary.json`` and ``summary.txt`` (atomically) and return the text."""
+    text = summary_text(summary)
+    _atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
+    _atomic_write(os.path.join(run_dir, "summary.txt"), text + "\n")
+    return text, os.path.join(run_dir, "summary.txt")
+
+
+def summary_text(s: dict) -> str:
+    """The human summary printed at the end of ``ssdmpi train``."""
+    lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {s.get('world_size')} ranks, "
+             f"model {s.get('model')} ({s.get('num_params')} parameters), dataset {s.get('dataset')}"]
+    lines.append(f"  steps {s.get('step')} ({s.get('epoch', 0):.2f} epochs), wall time "
+                 f"{format_duration(s.get('time', 0.0))}, {s.get('samples_per_s', 0.0):.0f} samples/s")
+    if s.get("test_acc") is not None:
+        lines.append(f"  test accuracy (global model W): {s['test_acc']:.2%}  loss {s.get('test_loss', float('nan')):.4f}")
+    if s.get("test_acc_local") is not None:
+        lines.append(f"  test accuracy (rank 0's local model L): {s['test_acc_local']:.2%}")
+    if s.get("compute_s") is not None:
+        lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
+                     f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
+    if s.get("checkpoint"):
+        lines.append(f"  last checkpoint: {s['checkpoint']}")
+    lines.append(f"  run directory: {s.get('run_dir')}")
+    return "\n".join(lines)
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never in place)."""
+    _atomic_write(path, text)
