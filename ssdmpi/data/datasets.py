@@ -60,12 +60,12 @@ _ALIASES = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-
 # Where datasets that live in a directory are looked for: <root>/<subdir> for each root.
 _SUBDIR = {"fashion-mnist": "fashion-mnist", "mnist": "mnist", "cifar10": "cifar-10-batches-py"}
 _HOW_TO_GET = {
-    "fashion-mnist": "install Debian's package (apt-get install dataset-fashion-mnist) or put the four "
-                     "*-ubyte.gz files from https://github.com/zalandoresearch/fashion-mnist in one of them",
-    "mnist": "put the four *-ubyte.gz files from https://ossci-datasets.s3.amazonaws.com/mnist/ "
-             "(mirror of yann.lecun.com/exdb/mnist) in one of them",
-    "cifar10": "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz and extract it in "
-               "one of the parents (it unpacks to cifar-10-batches-py/)",
+    "fashion-mnist": "install Debian's package (apt-get install dataset-fashion-mnist) or download the four "
+                     "*-ubyte.gz files from https://github.com/zalandoresearch/fashion-mnist into such a directory",
+    "mnist": "download the four *-ubyte.gz files from https://ossci-datasets.s3.amazonaws.com/mnist/ "
+             "(a mirror of yann.lecun.com/exdb/mnist) into such a directory",
+    "cifar10": "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz and extract it "
+               "(it unpacks to cifar-10-batches-py/)",
 }
 DIGITS_TRAIN = 1437   # of 1797: the first 1,437 train, the last 360 test
 SYNTHETIC_DEFAULTS = {"num_train": 4096, "num_test": 1024, "input_shape": (1, 28, 28), "num_classes": 10,
@@ -163,14 +163,20 @@ def locate(name: str, path: str | None = None) -> str:
         return os.path.abspath(path)
     if path:
         if not os.path.isdir(path):
-            raise UserError(f"{name}: no such directory: {path} ({_HOW_TO_GET[name].split(' in one of')[0]})")
+            raise UserError(f"{name}: no such directory: {path}; to get the data, {how_to_get(name)}")
         return os.path.abspath(path)
     tried = search_paths(name)
     for candidate in tried:
         if os.path.isdir(candidate):
             return candidate
-    raise UserError(f"{name} not found; looked in {', '.join(tried)}; to get it, {_HOW_TO_GET[name]}, "
+    raise UserError(f"{name} not found; looked in {', '.join(tried)}; to get it, {how_to_get(name)}, "
                     "or pass its directory as the path")
+
+
+
+def how_to_get(name: str) -> str:
+    """How to obtain dataset ``name`` (a clause for error messages and ``data list``)."""
+    return _HOW_TO_GET[name]
 
 
 # ----------------------------------------------------------------------------- readers
