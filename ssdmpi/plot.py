@@ -11,11 +11,11 @@ Figures (each written only when the runs hold the data it needs):
 
 This module also holds the reader of run directories (``load_run``), shared with
 ``ssdmpi bench train``. A run directory holds ``metrics.jsonl`` (one JSON object per
-line: one per logged training step and one per evaluation), and optionally
-``summary.json`` and the resolved config (``config.yaml`` / ``config.json``). Metric
-names are read through the alias table ``FIELDS`` so that the reader tolerates the
-spellings the trainer has used; a record counts as an evaluation when it carries a
-test accuracy.
+line; the record kinds and their fields are defined in ``ssdmpi/metrics.py``:
+``step`` records carry per-step means over the logging interval, ``eval`` records the
+test accuracy of the global model), and optionally ``summary.json`` and the resolved
+config (``config.yaml``). Metric names are read through the alias table ``FIELDS``; a
+record without a ``kind`` counts as an evaluation when it carries a test accuracy.
 
 matplotlib is imported only when figures are drawn, with the Agg backend (no display).
 """
@@ -229,12 +229,15 @@ def load_run(run_dir) -> Run:
                 continue   # the run was killed mid-write
             raise UserError(f"{path}:{lineno}: corrupt metrics line ({exc}); the file is not JSON lines")
         kind = str(get(record, "kind", "")).lower()
-        if kind in ("config", "header", "start"):
-            run.config = {**record.get("config", record), **run.config}
-        elif get(record, "test_acc") is not None or kind in ("eval", "evaluation", "test"):
+        if kind == "start":
+            config = record.get("config")
+            if isinstance(config, dict):
+                run.config = {**config, **run.config}
+        elif kind == "eval" or (not kind and get(record, "test_acc") is not None):
             run.evals.append(record)
-        elif kind not in ("summary", "end"):
+        elif kind in ("step", ""):
             run.steps.append(record)
+        # other kinds (checkpoint, stop) say nothing the figures use
     if not run.steps and not run.evals:
         raise UserError(f"{path}: empty (no step or evaluation records); did the run start?")
     return run

@@ -19,8 +19,9 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
 
 - samples/s: the trainer's logged ``samples_per_s``, harmonic mean over logged intervals
   (every interval covers the same number of samples, so this is total samples / total time);
-- compute / in-flight / exposed wait, bytes sent: per-step means (a ``--comm period`` run
-  sends one allreduce every k steps, so its per-step bytes are 1/k of ssgd's);
+- compute / in-flight / exposed wait, bytes sent: per-step means as the trainer logs them
+  (``ssdmpi/metrics.py``), weighted by the steps each record covers (a ``--comm period``
+  run sends one allreduce every k steps, so its per-step bytes are 1/k of ssgd's);
 - speedup: samples/s over ssgd's (the first ssgd variant; blank without one);
 - target accuracy: ssgd's final test accuracy minus ``--target-drop`` (0.5 point);
   time to target: wall seconds of the first evaluation reaching it; ``tta/ssgd``: that time
@@ -154,8 +155,9 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
 def _per_step_means(run):
     """Per-step means of compute/in-flight/wait seconds and bytes over delay-stage records.
 
-    The trainer logs interval totals, one record every ``log_every`` steps; a record's
-    interval is the steps since the previous record (``interval_steps`` when given).
+    The trainer logs one record every ``--log-every`` steps holding per-step means over
+    that interval (``ssdmpi/metrics.py``); records are weighted by the steps they cover
+    (the steps since the previous record), so a short last interval counts for less.
     """
     from ssdmpi.plot import _num, get
 
@@ -164,9 +166,7 @@ def _per_step_means(run):
     steps, prev = 0, None
     for r in run.steps:
         step = _num(get(r, "step"))
-        n = _num(r.get("interval_steps"))
-        if n is None:
-            n = step - prev if (step is not None and prev is not None) else None
+        n = step - prev if (step is not None and prev is not None) else None
         prev = step if step is not None else prev
         if n is None or n <= 0 or str(get(r, "stage", "")).lower() in ("warmup", "warm-up", "switch"):
             continue
@@ -174,7 +174,7 @@ def _per_step_means(run):
         for name in totals:
             value = _num(get(r, name))
             if value is not None:
-                totals[name] += value
+                totals[name] += value * n
                 seen[name] = True
     if not steps:
         return {name: None for name in totals}

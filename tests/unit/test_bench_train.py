@@ -89,24 +89,31 @@ def test_results_from_existing_runs_table_csv_and_figures(tmp_path):
     assert (tmp_path / "figures" / "accuracy_vs_time.png").stat().st_size > 10_000
 
 
-def test_per_step_means_divide_interval_totals_by_the_steps_in_each_interval(tmp_path):
+def test_per_step_means_weight_each_record_by_the_steps_it_covers(tmp_path):
     from ssdmpi.bench.train import run_metrics
     from ssdmpi.plot import load_run
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    records = [  # logged every 10 steps; the first interval is warm-up and is left out
-        {"step": 10, "stage": "warmup", "compute_s": 1.0, "wait_s": 9.0, "bytes_sent": 100, "samples_per_s": 10},
-        {"step": 20, "stage": "delay", "compute_s": 0.5, "wait_s": 0.1, "bytes_sent": 40, "samples_per_s": 100},
-        {"step": 30, "stage": "delay", "compute_s": 0.7, "wait_s": 0.3, "bytes_sent": 0, "samples_per_s": 300},
-        {"kind": "eval", "epoch": 1, "time": 5.0, "test_acc": 0.5},
+    records = [  # per-step means over each logging interval; the warm-up interval is left out
+        {"kind": "start", "config": {"algo": "ssd", "comm": "period", "delay": 5}},
+        {"kind": "step", "step": 10, "stage": "warmup", "compute_s": 1.0, "wait_s": 9.0, "bytes_sent": 100,
+         "samples_per_s": 10},
+        {"kind": "step", "step": 20, "stage": "delay", "compute_s": 0.05, "wait_s": 0.01, "bytes_sent": 4,
+         "samples_per_s": 100},
+        {"kind": "checkpoint", "step": 20, "path": "x.h5"},
+        {"kind": "step", "step": 25, "stage": "delay", "compute_s": 0.08, "wait_s": 0.04, "bytes_sent": 0,
+         "samples_per_s": 300},
+        {"kind": "eval", "step": 25, "epoch": 1, "time": 5.0, "test_acc": 0.5},
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    m = run_metrics(load_run(run_dir))
-    assert m["compute_s"] == pytest.approx(1.2 / 20)
-    assert m["wait_s"] == pytest.approx(0.4 / 20)
-    assert m["bytes_sent"] == pytest.approx(2.0)
-    assert m["samples_per_s"] == pytest.approx(150.0)   # harmonic mean: equal samples per interval
+    run = load_run(run_dir)
+    assert run.label == "ssd period k=5" and len(run.steps) == 3
+    m = run_metrics(run)
+    assert m["compute_s"] == pytest.approx((10 * 0.05 + 5 * 0.08) / 15)
+    assert m["wait_s"] == pytest.approx((10 * 0.01 + 5 * 0.04) / 15)
+    assert m["bytes_sent"] == pytest.approx(40 / 15)
+    assert m["samples_per_s"] == pytest.approx(150.0)   # harmonic mean of the delay-stage records
     assert m["wall_s"] == 5.0 and m["final_acc"] == 0.5
 
 

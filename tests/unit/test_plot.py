@@ -20,7 +20,7 @@ def write_run(run_dir, algo="ssgd", k=None, comm=None, sps=1000.0, epochs=3, ste
     for epoch in range(1, epochs + 1):
         for _ in range(steps_per_epoch):
             step += 1
-            records.append({"step": step, "epoch": step / steps_per_epoch, "time": step * step_time,
+            records.append({"kind": "step", "step": step, "epoch": step / steps_per_epoch, "time": step * step_time,
                             "stage": "warmup" if step <= warmup_steps else "delay",
                             "loss": 2.3 / (1 + 0.05 * step), "lr": 0.05, "samples_per_s": sps,
                             "compute_s": 0.004, "inflight_s": 0.003, "wait_s": 0.001, "bytes_sent": 4096})
@@ -29,9 +29,12 @@ def write_run(run_dir, algo="ssgd", k=None, comm=None, sps=1000.0, epochs=3, ste
             acc = final_acc
         records.append({"kind": "eval", "step": step, "epoch": float(epoch), "time": step * step_time,
                         "test_acc": acc, "test_loss": 1.0 / epoch})
+    config = {"algo": algo, "delay": k if k is not None else 5, "comm": comm or "step", "epochs": epochs}
+    records.insert(0, {"kind": "start", "world_size": 2, "config": config})
+    records.append({"kind": "checkpoint", "step": step, "path": "ckpt.h5", "reason": "end"})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = {"algo": algo, "delay": k, "comm": comm, "epochs": epochs}
-    (run_dir / "summary.json").write_text(json.dumps({"config": config, "test_acc": final_acc}))
+    (run_dir / "summary.json").write_text(json.dumps({"algo": algo, "test_acc": final_acc, "step": step,
+                                                      "samples_per_s": sps, "time": step * step_time}))
     return run_dir
 
 
