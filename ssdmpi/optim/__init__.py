@@ -1,1 +1,14 @@
-"""Neural-net optimizers on flat buffers: global SGD with momentum, local updates (GLU), LR schedules."""
+"""Optimizers on flat buffers (ALGORITHM.md sections 3 and 4) and learning-rate schedules.
+
+- ``MomentumSGD``: the global update ``M <- mu*M - eta*(lam*mask*W + G); W <- W + M``.
+- ``GlobalMomentumLocal``, ``GLUPaper``, ``PlainLocalSGD``: the local updates
+  ``global-momentum``, ``glu-paper``, ``sgd``; ``make_local_update(name, ...)``.
+- ``LRSchedule``: constant, step, multistep, cosine, poly, each with linear warm-up.
+"""
+
+from ssdmpi.optim.local import LOCAL_UPDATES, GLUPaper, GlobalMomentumLocal, PlainLocalSGD, make_local_update
+from ssdmpi.optim.schedules import KINDS as SCHEDULES, LRSchedule
+from ssdmpi.optim.sgd import MomentumSGD
+
+__all__ = ["MomentumSGD", "GlobalMomentumLocal", "GLUPaper", "PlainLocalSGD", "make_local_update",
+           "LOCAL_UPDATES", "LRSchedule", "SCHEDULES"]

@@ -1,0 +1,186 @@
+"""``Algorithm``: the state and the SSGD warm-up shared by every training algorithm.
+
+Buffers (1-D, the model's dtype and device):
+
+- warm-up stage: ``W`` IS ``model.params`` (the model computes on the global weights);
+- delay stage: ``L`` IS ``model.params`` (the model computes on the local weights) and ``W``
+  is a separate buffer, created at the switch as a copy (so ``L <- W`` costs nothing).
+
+``M`` is the global momentum buffer. Subclasses implement the delay stage
+(``_begin_delay``, ``_delay_step``) and their extra state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ssdmpi import backend
+from ssdmpi.errors import UserError
+from ssdmpi.optim.sgd import MomentumSGD
+
+
+class Algorithm:
+    """Base class; see ``ssdmpi.algos`` for the public API."""
+
+    name = "base"
+    has_delay_stage = True
+
+    def __init__(self, config, model, communicator):
+        self.config, self.model, self.comm = config, model, communicator
+        self.N = int(communicator.size)
+        self.k = config.delay
+        self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
+        self.xp = backend.array_module(model.params)
+        self.mask = model.flat.decay_mask()
+        self.schedule = config.global_schedule()
+        self.global_sgd = MomentumSGD(config.momentum, config.weight_decay, self.mask)
+        self.W = model.params
+        self.M = self.xp.zeros_like(model.params)
+        self.L = None
+        self.t = 0
+        self.s = 0
+        if self.has_delay_stage and self.T_w == 0:
+            self._enter_delay()
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def stage(self) -> str:
+        """``"warmup"`` (SSGD iterations ``t < T_w``; always for ssgd) or ``"delay"``."""
+        return "delay" if self.L is not None else "warmup"
+
+    @property
+    def m(self) -> int | None:
+        """Local-update counter of the NEXT iteration (``t - T_w``), None in the warm-up."""
+        return self.t - self.T_w if self.stage == "delay" else None
+
+    @property
+    def lr_global(self) -> float:
+        """``eta_g(s)``: the learning rate of the next global update."""
+        return self.schedule(self.s)
+
+    @property
+    def lr_local(self) -> float | None:
+        """The learning rate the next local update will use (None in the warm-up)."""
+        return self._local_lr(self.t) if self.stage == "delay" else None
+
+    def global_weights(self):
+        """``W`` (a view; do not modify). Identical on every rank."""
+        return self.W
+
+    def local_weights(self):
+        """``L`` (a view; do not modify), or None outside the delay stage."""
+        return self.L
+
+    def step(self, x, y) -> float:
+        """Run iteration ``t`` on this rank's batch; return its mean loss (before the update)."""
+        if self.stage == "warmup":
+            loss = self._ssgd_step(x, y)
+            self.t += 1
+            if self.has_delay_stage and self.t == self.T_w:
+                self._enter_delay()
+        else:
+            loss = self._delay_step(x, y)
+            self.t += 1
+        return loss
+
+    def drain(self) -> None:
+        """Complete any request in flight (see subclasses for when its result is applied)."""
+
+    def finalize(self) -> None:
+        """End of training: drain and apply every completed result to ``W`` at once.
+
+        Unlike ``drain``, continuing afterwards is not the same trajectory as not calling it.
+        """
+        self.drain()
+
+    def signature(self) -> dict:
+        """Settings every rank must agree on (plain scalars)."""
+        d = {f"algo.{k}": v for k, v in self.config.to_dict().items() if v is not None}
+        d.update({"algo.world_size": self.N, "algo.num_params": int(self.model.params.size),
+                  "algo.dtype": str(self.model.params.dtype)})
+        return d
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit for bit (drains first). NumPy arrays and plain scalars."""
+        self.drain()
+        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage,
+             "W": backend.to_host(self.W).copy(), "M": backend.to_host(self.M).copy()}
+        if self.stage == "delay":
+            d["L"] = backend.to_host(self.L).copy()
+            d.update(self._delay_state())
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restore ``state_dict()`` output (this object must have been built with the same config)."""
+        if str(d.get("algo")) != self.name:
+            raise UserError(f"the checkpoint holds the state of algorithm {d.get('algo')!r}, not {self.name!r}")
+        for key in ("W", "M") + (("L",) if str(d.get("stage")) == "delay" else ()):
+            if key not in d or np.asarray(d[key]).shape != self.model.params.shape:
+                raise UserError(f"the checkpoint's algorithm state {key} does not fit this model "
+                                f"({self.model.params.size} parameters); was it trained with another model?")
+        self.drain()
+        self.t, self.s = int(d["t"]), int(d["s"])
+        if str(d["stage"]) == "delay":
+            if self.stage != "delay":
+                self._enter_delay()
+            self._reset_inflight()
+            self.W[...] = self.xp.asarray(d["W"])
+            self.L[...] = self.xp.asarray(d["L"])
+            self._load_delay_state(d)
+        else:
+            if self.stage == "delay":
+                raise UserError("cannot load a warm-up state into an algorithm already in its delay stage")
+            self.W[...] = self.xp.asarray(d["W"])
+        self.M[...] = self.xp.asarray(d["M"])
+
+    # --- shared pieces -------------------------------------------------------------------
+
+    def _ssgd_step(self, x, y) -> float:
+        """ALGORITHM.md 1.1 / section 3: blocking allreduce of the mean gradients, one global update."""
+        loss = self.model.loss_and_grad(x, y)
+        G = self.model.grads
+        backend.synchronize()
+        self.comm.allreduce_mean(G)        # G = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
+        self.global_sgd.step(self.W, self.M, G, self.schedule(self.s))
+        self.s += 1
+        return loss
+
+    def _enter_delay(self) -> None:
+        """The switch (ALGORITHM.md 1.2): ``L <- W``; ``W`` moves to its own buffer."""
+        self.W = self.model.params.copy()
+        self.L = self.model.params
+        self._begin_delay()
+
+    def _local_lr(self, t: int) -> float:
+        """Learning rate of the local step at iteration ``t`` (subclasses that use ``local_lr`` override)."""
+        return self.schedule(t)
+
+    def _host(self, a):
+        return backend.to_host(a).copy()
+
+    def _dev(self, a):
+        return self.xp.asarray(a)
+
+    # hooks
+    def _begin_delay(self) -> None:
+        raise NotImplementedError
+
+    def _delay_step(self, x, y) -> float:
+        raise NotImplementedError
+
+    def _delay_state(self) -> dict:
+        return {}
+
+    def _load_delay_state(self, d: dict) -> None:
+        pass
+
+    def _reset_inflight(self) -> None:
+        pass
+
+
+class SSGD(Algorithm):
+    """``--algo ssgd``: the warm-up forever (blocking allreduce and one global update per step)."""
+
+    name = "ssgd"
+    has_delay_stage = False

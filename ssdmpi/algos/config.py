@@ -1,0 +1,183 @@
+"""``AlgoConfig``: the settings of one training algorithm, checked by ``validate()``.
+
+Optional fields are ``None`` when the user did not set them, so that a setting that
+does not apply to the chosen algorithm can be rejected (``--comm step`` with
+``localsgd``) while the algorithm's own defaults still apply (``odsgd`` means ``k = 1``).
+``validate(world_size)`` returns a *resolved* copy with every default filled in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ssdmpi.errors import UserError
+from ssdmpi.optim.local import LOCAL_UPDATES
+from ssdmpi.optim.schedules import LRSchedule
+
+ALGOS = ("ssgd", "ssd", "odsgd", "localsgd")
+COMMS = ("step", "period")
+DEFAULT_COMM = "step"             # the lead switches this to "period" when the measurements justify it
+DEFAULT_DELAY = 5
+DEFAULT_LOCAL_UPDATE = "global-momentum"
+DEFAULT_GLU_DIVISOR = 12.0
+
+
+def period_rules() -> dict:
+    """``{name: rule class}`` of ``--comm period`` (see ``ssdmpi/algos/period.py``)."""
+    from ssdmpi.algos.period import PERIOD_RULES
+    return PERIOD_RULES
+
+
+def default_period_rule() -> str:
+    from ssdmpi.algos.period import DEFAULT_PERIOD_RULE
+    return DEFAULT_PERIOD_RULE
+
+
+@dataclass
+class AlgoConfig:
+    """Every setting ``build_algorithm`` needs (ALGORITHM.md sections 1-5).
+
+    Lengths are in iterations (the trainer converts epochs). ``lr_schedule`` is a kind
+    name (``constant``, ``step``, ``multistep``, ``cosine``, ``poly``) or a dict
+    ``{"kind": ..., "every"/"milestones"/"gamma"/"power": ...}`` in global steps (see
+    ``ssdmpi.optim.schedules``). The local lr (``glu-paper``, ``sgd``) is ``local_lr *
+    factor(t)`` where ``factor`` is the global schedule's shape at iteration ``t``, unless
+    ``local_lr_schedule`` is given: then it is that schedule (base ``local_lr``) at the
+    local-update counter ``m``.
+    """
+
+    algo: str = "ssd"                     # ssgd | ssd | odsgd | localsgd
+    delay: int | None = None              # k; None: 5 (ssd, localsgd), 1 (odsgd)
+    warmup_steps: int = 500               # T_w: SSGD iterations before the delay stage
+    comm: str | None = None               # step | period (ssd); None: DEFAULT_COMM for ssd, step for odsgd
+    period_rule: str | None = None        # rule of --comm period; None: DEFAULT_PERIOD_RULE
+    local_update: str | None = None       # global-momentum | glu-paper | sgd; None: global-momentum
+    lr: float = 0.1                       # base global learning rate eta_g
+    lr_schedule: object = "constant"      # kind name or dict (steps)
+    lr_warmup_steps: int = 0              # linear warm-up of the global lr (steps)
+    total_steps: int | None = None        # run length, for cosine and poly
+    local_lr: float | None = None         # base eta_l (glu-paper, sgd); None: world_size * lr
+    local_lr_schedule: object = None      # None: follow the global schedule's shape at t
+    momentum: float = 0.9                 # mu
+    weight_decay: float = 1e-4            # lam (weights and BN gamma only)
+    glu_divisor: float | None = None      # C (glu-paper); None: 12
+
+    # --- what each algorithm uses -----------------------------------------------------
+
+    def uses_local_update(self) -> bool:
+        """True when ``local_update`` means something: ssd/odsgd with --comm step or a rule that uses it."""
+        if self.algo not in ("ssd", "odsgd"):
+            return False
+        comm = (self.comm or DEFAULT_COMM) if self.algo == "ssd" else "step"
+        if comm == "step":
+            return True
+        rule = period_rules().get(self.period_rule or default_period_rule())
+        return bool(rule is not None and rule.uses_local_update)
+
+    def validate(self, world_size: int | None = None) -> "AlgoConfig":
+        """Check every field; return a resolved copy (defaults filled in). ``UserError`` on nonsense.
+
+        ``world_size`` is needed to resolve the default local lr (``world_size * lr``).
+        """
+        a = self.algo
+        if a not in ALGOS:
+            raise UserError(f"--algo {a!r} is not one of {', '.join(ALGOS)}")
+        _number("lr", self.lr, low=0.0, strict=True)
+        _number("momentum", self.momentum, low=0.0, high=1.0)
+        _number("weight-decay", self.weight_decay, low=0.0)
+        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+            raise UserError(f"--warmup-steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.delay is not None and (not _is_int(self.delay) or self.delay < 1):
+            raise UserError(f"--delay must be an integer >= 1 (iterations between pulls of the global model), "
+                            f"got {self.delay!r}")
+        if self.comm is not None and self.comm not in COMMS:
+            raise UserError(f"--comm {self.comm!r} is not one of {', '.join(COMMS)}")
+        if a == "ssgd" and self.delay is not None:
+            raise UserError("--delay does not apply to --algo ssgd (blocking allreduce every step); drop it")
+        if a in ("ssgd", "localsgd") and self.comm is not None:
+            what = "averages models every --delay steps, blocking" if a == "localsgd" else "blocks every step"
+            raise UserError(f"--comm {self.comm} does not apply to --algo {a} (it {what}); drop --comm")
+        if a == "odsgd" and self.delay not in (None, 1):
+            raise UserError(f"--algo odsgd is ssd with --delay 1 --comm step; got --delay {self.delay} "
+                            "(use --algo ssd for other delays)")
+        if a == "odsgd" and self.comm not in (None, "step"):
+            raise UserError("--algo odsgd is ssd with --delay 1 --comm step; use --algo ssd --comm period instead")
+        comm = (self.comm or DEFAULT_COMM) if a == "ssd" else ("step" if a == "odsgd" else None)
+        rules = period_rules()
+        if self.period_rule is not None:
+            if comm != "period":
+                raise UserError(f"--period-rule applies only to --algo ssd --comm period; drop it")
+            if self.period_rule not in rules:
+                raise UserError(f"--period-rule {self.period_rule!r} is not one of {', '.join(rules)}")
+        rule = (self.period_rule or default_period_rule()) if comm == "period" else None
+        resolved = dataclasses.replace(self, comm=comm, period_rule=rule,
+                                       delay=self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None))
+        uses_local = resolved.uses_local_update()
+        if self.local_update is not None:
+            if self.local_update not in LOCAL_UPDATES:
+                raise UserError(f"--local-update {self.local_update!r} is not one of {', '.join(LOCAL_UPDATES)}")
+            if not uses_local:
+                raise UserError(f"--local-update does not apply to --algo {a}"
+                                + (f" --comm period --period-rule {rule}" if rule else "") + "; drop it")
+        local = (self.local_update or DEFAULT_LOCAL_UPDATE) if uses_local else None
+        wants_local_lr = local in ("glu-paper", "sgd")
+        for name, value in (("local-lr", self.local_lr), ("local-lr-schedule", self.local_lr_schedule)):
+            if value is not None and not wants_local_lr:
+                raise UserError(f"--{name} applies only to --local-update glu-paper or sgd; drop it")
+        if self.local_lr is not None:
+            _number("local-lr", self.local_lr, low=0.0, strict=True)
+        if self.glu_divisor is not None:
+            if local != "glu-paper":
+                raise UserError("--glu-divisor applies only to --local-update glu-paper; drop it")
+            _number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
+        local_lr = self.local_lr
+        if wants_local_lr and local_lr is None:
+            if world_size is None:
+                raise ValueError("world_size is needed to resolve the default local lr")
+            local_lr = world_size * self.lr
+        if not _is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
+            raise UserError(f"lr warm-up must be an integer number of steps >= 0, got {self.lr_warmup_steps!r}")
+        resolved = dataclasses.replace(resolved, local_update=local, local_lr=local_lr,
+                                       glu_divisor=(self.glu_divisor or DEFAULT_GLU_DIVISOR) if local == "glu-paper"
+                                       else None)
+        resolved.global_schedule()
+        resolved.local_schedule()
+        return resolved
+
+    # --- derived objects (on a resolved config) ----------------------------------------
+
+    def global_schedule(self) -> LRSchedule:
+        """``eta_g``: the global lr schedule, over global steps ``s`` (local rules evaluate it at ``t``)."""
+        return LRSchedule.from_spec(self.lr, self.lr_schedule, total_steps=self.total_steps,
+                                    warmup_steps=self.lr_warmup_steps)
+
+    def local_schedule(self) -> LRSchedule | None:
+        """The explicit local schedule over ``m`` (base ``local_lr``), or None (follow the global shape)."""
+        if self.local_lr_schedule is None or self.local_lr is None:
+            return None
+        return LRSchedule.from_spec(self.local_lr, self.local_lr_schedule,
+                                    total_steps=None if self.total_steps is None
+                                    else max(1, self.total_steps - self.warmup_steps))
+
+    def to_dict(self) -> dict:
+        """Plain mapping (schedule dicts are rendered with ``repr`` so every value is a scalar)."""
+        d = dataclasses.asdict(self)
+        for key in ("lr_schedule", "local_lr_schedule"):
+            if isinstance(d[key], dict):
+                d[key] = repr(sorted(d[key].items()))
+        return d
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(flag, value, low=None, high=None, strict=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"--{flag} must be a finite number, got {value!r}")
+    if low is not None and (value < low or (strict and value == low)):
+        raise UserError(f"--{flag} must be {'>' if strict else '>='} {low}, got {value!r}")
+    if high is not None and value >= high:
+        raise UserError(f"--{flag} must be < {high}, got {value!r}")

@@ -1,0 +1,40 @@
+"""``--algo localsgd``: periodic blocking model averaging, for comparison (ALGORITHM.md 5c).
+
+After the SSGD warm-up, each rank runs SGD with its own momentum buffer ``V``
+(initialised to the global ``M`` at the switch, so the first local steps continue the
+warm-up's velocity) at the global lr of iteration ``t``::
+
+    V <- mu*V - eta_g(t)*(lam*mask*L + g);  L <- L + V          (every iteration)
+    every k-th iteration ((m+1) % k == 0): W <- mean_r L_r (blocking allreduce);  L <- W;  s += k
+
+The momentum buffers stay per rank (not averaged), as in post-local SGD.
+"""
+
+from __future__ import annotations
+
+from ssdmpi import backend
+from ssdmpi.algos.base import Algorithm
+
+
+class LocalSGD(Algorithm):
+    name = "localsgd"
+
+    def _begin_delay(self) -> None:
+        self.V = self.M.copy()
+
+    def _delay_step(self, x, y) -> float:
+        m = self.t - self.T_w
+        loss = self.model.loss_and_grad(x, y)
+        self.global_sgd.step(self.L, self.V, self.model.grads, self.schedule(self.t))
+        if (m + 1) % self.k == 0:
+            backend.synchronize()
+            self.comm.allreduce_mean(self.L)
+            self.W[...] = self.L
+            self.s += self.k
+        return loss
+
+    def _delay_state(self) -> dict:
+        return {"V": self._host(self.V)}
+
+    def _load_delay_state(self, d: dict) -> None:
+        self.V[...] = self._dev(d["V"])

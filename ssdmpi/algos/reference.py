@@ -1,0 +1,270 @@
+"""A single-process, pure-NumPy simulator of ``N`` workers: the oracle for every algorithm.
+
+Written from ALGORITHM.md independently of the MPI code path (its own loops and
+formulas; it shares only the model, the config and the lr schedules). One server
+state (``W``, ``M``, ``s``) and ``N`` worker states (``L[r]``, ``P[r]``, ``V[r]``, ...);
+a request "in flight" is simply the already-averaged value kept in ``pending``.
+Averages over workers are summed pairwise, ``((x0 + x1) + (x2 + x3)) / N``, then divided,
+which is bitwise what an MPI sum-allreduce of 1 or 2 ranks gives (and what MPICH's
+recursive doubling gives for small messages at 4 ranks).
+
+API::
+
+    sim = simulate(config, model_factory, batches, steps, world_size=N, callback=None)
+    sim.W, sim.M, sim.L[r], sim.s, sim.t, sim.stage, sim.losses   # after each step
+    sim.step(); sim.finalize()
+
+``model_factory()`` returns a fresh model (NumPy) with the initial weights; ONE model
+computes every worker's gradient (its parameters are set to the worker's weights, and
+its BatchNorm buffers are swapped per worker, as each rank has its own). ``batches`` is
+either a list of ``N`` loaders with ``next_batch() -> (x, y)`` (called once per
+iteration, in rank order; e.g. ``ShardedLoader(x, y, B, r, N, seed)``) or a callable
+``batches(r, t) -> (x, y)``. Gradient scaling as in the MPI path: ``g`` is a worker's
+MEAN gradient; ``mean_r g_r`` is ALGORITHM.md's ``G/(B*N)``; ``gbar = g/N``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Simulation:
+    """``N`` simulated workers running ``config`` (an ``AlgoConfig``) step by step."""
+
+    def __init__(self, config, model_factory, batches, world_size: int):
+        self.N = int(world_size)
+        self.cfg = c = config.validate(world_size=self.N)
+        self.model = model_factory()
+        self.mask = np.asarray(self.model.flat.decay_mask())
+        self.sched = c.global_schedule()
+        self.local_sched = c.local_schedule()
+        if callable(batches):
+            self._batch = batches
+        else:
+            loaders = list(batches)
+            if len(loaders) != self.N:
+                raise ValueError(f"need {self.N} loaders, got {len(loaders)}")
+            self._batch = lambda r, t: loaders[r].next_batch()
+        self.mu, self.lam, self.k = c.momentum, c.weight_decay, c.delay
+        self.T_w = None if c.algo == "ssgd" else c.warmup_steps
+        self.W = np.array(self.model.params, copy=True)
+        self.M = np.zeros_like(self.W)
+        self.L = self.P = self.V = self.A = self.L_start = None
+        self.pending = None
+        self.t = self.s = 0
+        self.losses = []
+        bufs = self.model.buffers()
+        self._bn = [{k: np.array(v, copy=True) for k, v in bufs.items()} for _ in range(self.N)] if bufs else None
+        if self.T_w == 0:
+            self._switch()
+
+    @property
+    def stage(self) -> str:
+        return "delay" if self.L is not None else "warmup"
+
+    # --- pieces ----------------------------------------------------------------------
+
+    def _grad(self, r: int, weights):
+        """Worker ``r``'s mean loss and MEAN gradient at ``weights`` on its batch of this iteration."""
+        x, y = self._batch(r, self.t)
+        self.model.params[...] = weights
+        if self._bn:
+            self.model.load_buffers(self._bn[r])
+        loss = self.model.loss_and_grad(x, y)
+        if self._bn:
+            self._bn[r] = {k: np.array(v, copy=True) for k, v in self.model.buffers().items()}
+        return loss, np.array(self.model.grads, copy=True)
+
+    def _mean(self, xs):
+        """Pairwise sum over workers, divided by N (the MPI allreduce's order for N <= 2)."""
+        xs = list(xs)
+        while len(xs) > 1:
+            xs = [xs[i] + xs[i + 1] if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+        return xs[0] / self.N if self.N > 1 else xs[0]
+
+    def _global_update(self, G):
+        """ALGORITHM.md 3: ``M <- mu*M - eta_g(s)*(lam*mask*W + G); W <- W + M; s += 1``."""
+        eta = self.sched(self.s)
+        self.M = self.mu * self.M - eta * (self.lam * (self.mask * self.W) + G)
+        self.W = self.W + self.M
+        self.s += 1
+
+    def _lr_local(self) -> float:
+        c = self.cfg
+        if c.local_update in ("glu-paper", "sgd"):
+            if self.local_sched is not None:
+                return self.local_sched(self.t - self.T_w)
+            return c.local_lr * self.sched.factor(self.t)
+        return self.sched(self.t)
+
+    def _local_update(self, r: int, g, m: int):
+        """ALGORITHM.md 4 on worker ``r``'s ``L`` with its own mean gradient ``g``."""
+        c, L, lam, mask = self.cfg, self.L[r], self.lam, self.mask
+        lr = self._lr_local()
+        if c.local_update == "global-momentum":            # 4b
+            self.L[r] = (L + self.mu * self.M) - lr * (lam * (mask * L) + g)
+        elif c.local_update == "sgd":                      # 4c
+            self.L[r] = L - lr * (lam * (mask * L) + g / self.N)
+        else:                                              # 4a glu-paper
+            snap = m % self.k == 0
+            f = 1.0 if snap else 0.5
+            Gs = ((1 - lr * lam * mask) * self.P[r] - L) / c.glu_divisor
+            delta = -(lr * f) * ((2 * (g / self.N) + lam * (mask * L)) + 0.5 * Gs)
+            if snap:
+                self.P[r] = L.copy()
+            self.L[r] = L + delta
+
+    def _momentum_step(self, r: int, g):
+        """Per-rank SGD with momentum (localsgd, delta): ``V <- mu*V - eta_g(t)*(lam*mask*L + g); L <- L + V``."""
+        eta = self.sched(self.t)
+        self.V[r] = self.mu * self.V[r] - eta * (self.lam * (self.mask * self.L[r]) + g)
+        self.L[r] = self.L[r] + self.V[r]
+
+    def _switch(self):
+        """ALGORITHM.md 1.2: ``L <- W`` on every worker (and ``P <- L``, ``V <- M``, ``L_start <- L``)."""
+        self.L = [self.W.copy() for _ in range(self.N)]
+        self.P = [self.W.copy() for _ in range(self.N)]
+        self.V = [self.M.copy() for _ in range(self.N)]
+        self.L_start = [self.W.copy() for _ in range(self.N)]
+        self.A = [None] * self.N
+
+    # --- one iteration ----------------------------------------------------------------
+
+    def step(self) -> list:
+        """Run iteration ``t`` on every worker; return the workers' mean losses."""
+        c = self.cfg
+        if self.stage == "warmup":
+            out = [self._grad(r, self.W) for r in range(self.N)]
+            self._global_update(self._mean(g for _, g in out))
+            self.t += 1
+            if self.T_w is not None and self.t == self.T_w:
+                self._switch()
+        else:
+            m = self.t - self.T_w
+            out = [self._grad(r, self.L[r]) for r in range(self.N)]
+            grads = [g for _, g in out]
+            if c.algo == "localsgd":
+                self._localsgd(grads, m)
+            elif c.comm == "step":
+                self._ssd_step(grads, m)
+            elif c.period_rule == "replay":
+                self._replay(grads, m)
+            elif c.period_rule == "delta":
+                self._delta(grads, m)
+            else:
+                raise NotImplementedError(f"period rule {c.period_rule!r} has no reference yet")
+            self.t += 1
+        self.losses = [loss for loss, _ in out]
+        return self.losses
+
+    def _ssd_step(self, grads, m):
+        """5a: the server applies iteration t-1's mean gradient, then pull (m % k == 0), then GLU."""
+        if self.pending is not None:
+            self._global_update(self.pending)
+        self.pending = self._mean(grads)
+        if m % self.k == 0:
+            self.L = [self.W.copy() for _ in range(self.N)]
+        for r, g in enumerate(grads):
+            self._local_update(r, g, m)
+
+    def _replay(self, grads, m):
+        """5b gradient replay: accumulate; at a period end replay the previous period's average k times."""
+        for r, g in enumerate(grads):
+            self.A[r] = g.copy() if m % self.k == 0 else self.A[r] + g
+            self._local_update(r, g, m)
+        if (m + 1) % self.k == 0:
+            if self.pending is not None:
+                G = self.pending / self.k
+                for _ in range(self.k):
+                    self._global_update(G)
+            self.pending = self._mean(self.A)
+            self.L = [self.W.copy() for _ in range(self.N)]
+
+    def _delta(self, grads, m):
+        """5b delta averaging: W gets the previous period's mean displacement; L keeps its own."""
+        for r, g in enumerate(grads):
+            self._momentum_step(r, g)
+        if (m + 1) % self.k == 0:
+            D = [self.L[r] - self.L_start[r] for r in range(self.N)]
+            if self.pending is not None:
+                self.W = self.W + self.pending
+                self.s += self.k
+            self.L = [self.W + D[r] for r in range(self.N)]
+            self.pending = self._mean(D)
+            self.L_start = [L.copy() for L in self.L]
+
+    def _localsgd(self, grads, m):
+        """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W."""
+        for r, g in enumerate(grads):
+            self._momentum_step(r, g)
+        if (m + 1) % self.k == 0:
+            self.W = self._mean(self.L)
+            self.L = [self.W.copy() for _ in range(self.N)]
+            self.s += self.k
+
+    def finalize(self):
+        """Apply what is still in flight to ``W`` (the MPI path's ``finalize``)."""
+        if self.pending is None or self.stage != "delay" or self.cfg.algo == "localsgd":
+            return
+        c = self.cfg
+        if c.comm == "step":
+            self._global_update(self.pending)
+        elif c.period_rule == "replay":
+            G = self.pending / self.k
+            for _ in range(self.k):
+                self._global_update(G)
+        elif c.period_rule == "delta":
+            self.W = self.W + self.pending
+            self.s += self.k
+        self.pending = None
+
+
+def simulate(config, model_factory, batches, steps: int, world_size: int | None = None, callback=None) -> Simulation:
+    """Run ``steps`` iterations of ``N`` simulated workers; return the ``Simulation``.
+
+    ``world_size`` defaults to ``len(batches)`` when ``batches`` is a list of loaders.
+    ``callback(sim)`` runs after every iteration; returning True stops early.
+    """
+    if world_size is None:
+        if callable(batches):
+            raise ValueError("world_size is required when batches is a callable")
+        world_size = len(batches)
+    sim = Simulation(config, model_factory, batches, world_size)
+    for _ in range(int(steps)):
+        sim.step()
+        if callback is not None and callback(sim):
+            break
+    return sim
+
+
+class ArrayBatches:
+    """A minimal batch source with the sharded loader's policy (for tests and sweeps without ssdmpi.data).
+
+    Epoch ``e`` uses ``perm_e = default_rng([seed, e]).permutation(n)``; global step ``i`` of
+    the epoch uses ``perm_e[i*N*B:(i+1)*N*B]`` and rank ``r`` takes its ``r``-th slice of ``B``;
+    an epoch has ``n // (N*B)`` steps (the remainder is dropped).
+    """
+
+    def __init__(self, x, y, batch_size: int, rank: int, world_size: int, seed: int = 0):
+        self.x, self.y, self.B, self.r, self.N, self.seed = x, y, int(batch_size), int(rank), int(world_size), seed
+        self.steps_per_epoch = len(x) // (self.B * self.N)
+        if self.steps_per_epoch < 1:
+            raise ValueError("dataset smaller than one global batch")
+        self.step = 0
+        self._perm_epoch, self._perm = None, None
+
+    def next_batch(self):
+        e, i = divmod(self.step, self.steps_per_epoch)
+        if e != self._perm_epoch:
+            self._perm_epoch, self._perm = e, np.random.default_rng([self.seed, e]).permutation(len(self.x))
+        perm = self._perm
+        start = i * self.N * self.B + self.r * self.B
+        idx = perm[start:start + self.B]
+        self.step += 1
+        return self.x[idx], self.y[idx]
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, d) -> None:
+        self.step = int(d["step"])

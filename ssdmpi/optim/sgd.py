@@ -1,0 +1,50 @@
+"""The global optimizer: SGD with momentum and masked weight decay on flat buffers.
+
+ALGORITHM.md section 3, in the momentum form of the spec (not PyTorch's)::
+
+    M <- mu*M - eta(s) * (lam*mask*W + G)
+    W <- W + M
+    s <- s + 1
+
+``G`` is ALGORITHM.md's ``G/(B*N)``: with the engine's MEAN gradients it is the average
+over ranks of the ranks' mean gradients, i.e. what ``Communicator.allreduce_mean`` of
+``model.grads`` returns. ``mask`` is ``model.flat.decay_mask()`` (1 on weights and BN
+gamma, 0 on biases and BN beta). Rounding follows the factored form above:
+``eta*(lam*(mask*W) + G)`` is formed first, then subtracted from ``mu*M``. With a constant
+``eta`` this is exactly PyTorch's ``SGD(momentum=mu, weight_decay=lam)`` with
+``M = -eta * momentum_buffer``; when ``eta`` changes the two differ (here the velocity
+carries the old learning rate, as in the published MXNet code).
+
+The same update with a per-rank momentum buffer ``V`` in place of ``M`` is the local
+optimizer of ``localsgd`` and of the ``delta`` period rule.
+"""
+
+from __future__ import annotations
+
+from ssdmpi.backend import array_module
+
+
+class MomentumSGD:
+    """In-place ``M <- mu*M - eta*(lam*mask*W + G); W <- W + M`` on 1-D buffers of one dtype.
+
+    Args:
+        momentum: ``mu``. weight_decay: ``lam``.
+        decay_mask: flat 0/1 array (dtype and device of the weights); it is kept, not copied.
+    One scratch buffer of the weights' size is allocated once; ``step`` allocates nothing.
+    """
+
+    def __init__(self, momentum: float, weight_decay: float, decay_mask):
+        self.mu, self.lam, self.mask = float(momentum), float(weight_decay), decay_mask
+        self._tmp = array_module(decay_mask).empty_like(decay_mask)
+
+    def step(self, W, M, G, lr: float) -> None:
+        """One update of ``W`` and ``M`` in place with the averaged mean gradient ``G`` at rate ``lr``."""
+        xp = array_module(W)
+        tmp = self._tmp
+        xp.multiply(W, self.mask, out=tmp)
+        tmp *= self.lam
+        tmp += G
+        tmp *= lr
+        M *= self.mu
+        M -= tmp
+        W += M
