@@ -173,3 +173,20 @@ def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, tra
         finals[k] = state["W"]
     # Past the 20-step warm-up the delay changes the trajectory: the two runs really differ.
     assert not np.array_equal(finals[1], finals[3])
+
+
+def test_bench_job_leaves_tables_in_its_run_directory(slurm_cluster, trainer, tmp_path):
+    bench_args = ("--net none --variants ssgd,ssd:step:2 --dataset digits --model mlp --steps 40 "
+                  "--batch-size 16 --warmup-steps 10")
+    job = slurm_cluster.sbatch(JOBS / "bench.sbatch", cwd=tmp_path, env={"BENCH_TRAIN_ARGS": bench_args})
+    out = tmp_path / f"ssdmpi-bench-{job}.out"
+    (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
+    run_dir = tmp_path / "runs" / f"ssdmpi-bench-{job}"
+    why = slurm_cluster.explain(job, [out, run_dir / "train.log"])
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", why
+    table = (run_dir / "train" / "results.md").read_text()
+    rows = (run_dir / "train" / "results.csv").read_text().splitlines()
+    assert "ssgd" in table and "ssd-step-k2" in table, table
+    assert len(rows) == 3, rows                                   # header + one row per variant
+    assert "2 ranks" in table                                     # --ranks came from the allocation
+    assert sorted(p.name for p in (run_dir / "train" / "runs").iterdir()) == ["ssd-step-k2", "ssgd"]
