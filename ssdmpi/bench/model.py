@@ -314,7 +314,7 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
 
 
 def _pct(v) -> str:
-    return "" if v is None else f"{v:+.1f}%"
+    return "" if v is None else f"{round(v, 1) + 0.0:+.1f}%"   # + 0.0: no "-0.0%"
 
 
 def report(measured: dict, result: dict, net: str) -> str:
