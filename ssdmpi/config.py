@@ -36,7 +36,6 @@ DEVICES = ("auto", "cpu", "gpu")
 PROGRESS = ("auto", "test", "thread", "blocking")
 TRANSPORTS = ("auto", "cuda-aware", "host")
 DTYPES = ("float32", "float64")
-AUGMENTS = ("none", "flip", "crop-flip")
 
 # Settings that decide the shape of the state or the meaning of every step: a resumed
 # run must not change them (the checkpoint would not fit, or "continue" would be a lie).
@@ -51,7 +50,7 @@ class TrainConfig:
     # data
     dataset: str = "digits"            # a name ssdmpi.data.load_dataset knows
     data_path: str | None = None       # where its files are (None: the dataset's default places)
-    augment: str = "none"              # none | flip | crop-flip (pad-4 random crop + horizontal flip)
+    augment: str = "none"              # none | flip | crop4 | crop4,flip (pad-4 random crop + flip)
     # model
     model: str = "mlp"                 # a name in ssdmpi.nn.MODELS
     widths: list | None = None         # hidden widths of mlp (None: the model's default)
@@ -66,17 +65,18 @@ class TrainConfig:
     lr_warmup_epochs: float = 0.0      # linear learning-rate warm-up of the global lr
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    # algorithm (ALGORITHM.md sections 1, 4, 5)
+    # algorithm (ALGORITHM.md sections 1, 4, 5). None: the algorithm's own default (see
+    # ssdmpi.algos.config); a setting that does not apply to --algo is an error.
     algo: str = "ssd"
-    delay: int = 5
-    warmup_steps: int | None = 500     # SSGD warm-up iterations (or warmup_epochs)
+    delay: int | None = None           # k (5; odsgd: 1)
+    warmup_steps: int | None = None    # SSGD warm-up iterations (500), or warmup_epochs
     warmup_epochs: float | None = None
-    comm: str = "step"
-    local_update: str = "global-momentum"
-    local_lr: float | None = None      # None: world size x lr (glu-paper, sgd)
-    local_lr_schedule: str | None = None   # None: the global schedule's shape, counted in local updates
-    glu_divisor: float = 12.0
-    period_rule: str | None = None     # rule of --comm period (None: the algorithm's default)
+    comm: str | None = None            # step | period
+    local_update: str | None = None    # global-momentum | glu-paper | sgd
+    local_lr: float | None = None      # glu-paper, sgd (world size x lr)
+    local_lr_schedule: str | None = None   # None: the global schedule's shape
+    glu_divisor: float | None = None   # C of glu-paper (12)
+    period_rule: str | None = None     # rule of --comm period
     # runtime
     device: str = "auto"
     progress: str = "auto"             # how nonblocking allreduces progress
@@ -95,13 +95,19 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Raise ``UserError`` (one line, naming the option) for the first bad setting."""
         _choice("algo", self.algo, ALGOS)
-        _choice("comm", self.comm, COMMS)
-        _choice("local-update", self.local_update, LOCAL_UPDATES)
+        if self.comm is not None:
+            _choice("comm", self.comm, COMMS)
+        if self.local_update is not None:
+            _choice("local-update", self.local_update, LOCAL_UPDATES)
         _choice("device", self.device, DEVICES)
         _choice("progress", self.progress, PROGRESS)
         _choice("transport", self.transport, TRANSPORTS)
         _choice("dtype", self.dtype, DTYPES)
-        _choice("augment", self.augment, AUGMENTS)
+        if not isinstance(self.augment, str):
+            raise UserError(f"--augment must be a string like none, flip or crop4,flip; got {self.augment!r}")
+        from ssdmpi.data.augment import parse_augment
+
+        parse_augment(self.augment)
         for name in ("dataset", "model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise UserError(f"--{_flag(name)} must be a name, got {getattr(self, name)!r}")
@@ -109,7 +115,8 @@ class TrainConfig:
         _positive_int("epochs", self.epochs)
         if self.steps is not None:
             _positive_int("steps", self.steps)
-        _positive_int("delay", self.delay)
+        if self.delay is not None:
+            _positive_int("delay", self.delay)
         if self.widths is not None:
             if not isinstance(self.widths, (list, tuple)) or not self.widths or \
                     not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in self.widths):
@@ -118,7 +125,8 @@ class TrainConfig:
         _number("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
         _number("weight-decay", self.weight_decay, low=0.0)
         _number("lr-warmup-epochs", self.lr_warmup_epochs, low=0.0)
-        _number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
+        if self.glu_divisor is not None:
+            _number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
         _number("stall-timeout", self.stall_timeout, low=0.0, strict=True)
         if self.local_lr is not None:
             _number("local-lr", self.local_lr, low=0.0, strict=True)
@@ -263,7 +271,7 @@ def add_arguments(parser) -> None:
     g = parser.add_argument_group("data and model")
     g.add_argument("--dataset", default=S, help="dataset name (default: digits, built in)")
     g.add_argument("--data-path", default=S, metavar="PATH", help="where the dataset's files are")
-    g.add_argument("--augment", default=S, help=f"augmentation: {', '.join(AUGMENTS)} (default: none)")
+    g.add_argument("--augment", default=S, help="augmentation: none, flip, crop4 or crop4,flip (default: none)")
     g.add_argument("--model", default=S, help="model: mlp, wide-mlp, lenet5, resnet20 (default: mlp)")
     g.add_argument("--widths", default=S, type=_int_list, metavar="W1,W2", help="hidden widths of mlp")
     g.add_argument("--dtype", default=S, help="float32 (default) or float64")
@@ -414,30 +422,49 @@ def build(settings: dict) -> TrainConfig:
     return cfg.validate()
 
 
+ALGO_SETTINGS = ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule", "glu_divisor")
+NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar")   # a resumed run does not take these from the checkpoint
+
+
 def resolve(args, checkpoint_config: dict | None = None) -> TrainConfig:
     """The run's config from defaults, preset, ``--config`` file and flags (see module docstring).
 
     ``checkpoint_config``: the config stored in the checkpoint being resumed; it replaces the
-    defaults and the default preset, and structural settings may not differ from it.
+    defaults and the default preset (``check_resume`` then checks the structural settings).
     """
     defaults = TrainConfig().to_dict()
     preset_name = getattr(args, "preset", None)
     if checkpoint_config is not None:
-        base = merge(defaults, _normalise(dict(checkpoint_config), "checkpoint config"))
+        inherited = {k: v for k, v in _normalise(dict(checkpoint_config), "checkpoint config").items()
+                     if k not in NOT_INHERITED}
+        base = merge(defaults, inherited)
         if preset_name is not None:
             base = merge(base, load_preset(preset_name))
     else:
         base = merge(defaults, load_preset(preset_name or "default"))
     if getattr(args, "config", None):
         base = merge(base, load_file(args.config))
-    cfg = build(merge(base, from_flags(args)))
-    if checkpoint_config is not None:
-        old = _normalise(dict(checkpoint_config), "checkpoint config")
-        for name in STRUCTURAL:
-            if name in old and old[name] != getattr(cfg, name):
-                raise UserError(f"the checkpoint was trained with {_flag(name)}={old[name]!r} but this run asks for "
-                                f"{getattr(cfg, name)!r}; drop that setting or start a new run directory")
-    return cfg
+    return build(merge(base, from_flags(args)))
+
+
+def soft_settings(args, resuming: bool = False) -> set:
+    """Algorithm settings that came from a preset or checkpoint, not from the user's file or flags.
+
+    The trainer drops those that do not apply to the chosen ``--algo`` instead of failing.
+    """
+    given = set(from_flags(args))
+    if getattr(args, "config", None):
+        given |= set(load_file(args.config))
+    return {k for k in ALGO_SETTINGS if k not in given}
+
+
+def check_resume(old: dict, cfg: TrainConfig) -> None:
+    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config."""
+    old = _normalise(dict(old), "checkpoint config")
+    for name in STRUCTURAL:
+        if name in old and old[name] != getattr(cfg, name):
+            raise UserError(f"the checkpoint was trained with {_flag(name)}={old[name]!r} but this run asks for "
+                            f"{getattr(cfg, name)!r}; drop that setting or start a new run directory")
 
 
 def changed_settings(old: dict, cfg: TrainConfig) -> list:

@@ -95,6 +95,11 @@ class Progress:
             width = len(str(self.total))
             print(f"step {step:>{width}}/{self.total}  {text}", file=self.stream, flush=True)
 
+    def advance(self, step: int) -> None:
+        """Move the bar to ``step`` (cheap: tqdm redraws at most a few times a second); no line."""
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+
     def message(self, text: str) -> None:
         if not self.enabled:
             return
@@ -107,6 +112,35 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+_LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "orterun", "prterun", "hydra_pmi_proxy", "prted", "orted")
+
+
+def launcher_on_terminal(max_depth: int = 4) -> bool:
+    """True when an MPI launcher among this process's ancestors writes to a terminal.
+
+    Under ``mpiexec`` a rank's stderr is a pipe to the launcher, which copies it to its own
+    stderr byte for byte; so when ``mpiexec`` itself runs on a terminal (an interactive
+    ``mpiexec -n 4 ssdmpi train``) a progress bar renders fine. In batch jobs (Slurm
+    output files, pipes) it does not, and plain lines are printed instead. Linux /proc
+    only; False elsewhere.
+    """
+    pid = os.getpid()
+    for _ in range(max_depth):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid <= 1:
+                return False
+            with open(f"/proc/{ppid}/comm", encoding="ascii", errors="replace") as f:
+                name = f.read().strip()
+            if name in _LAUNCHERS and name not in ("hydra_pmi_proxy", "prted", "orted"):
+                return os.readlink(f"/proc/{ppid}/fd/2").startswith(("/dev/pts/", "/dev/tty"))
+        except (OSError, ValueError, IndexError):
+            return False
+        pid = ppid
+    return False
 
 
 def _isatty(stream) -> bool:
