@@ -6,7 +6,8 @@
 ``convert`` writes the un-normalised images (see ``ssdmpi/data/hdf5.py``) to a
 temporary file next to FILE.h5 and renames it into place; an existing FILE.h5 is
 refused unless ``--force``. ``-o`` passes dataset options (``synthetic`` only, e.g.
-``-o num_train=50000 -o input_shape=3,32,32``). No MPI: run it as one process.
+``-o num_train=50000 -o input_shape=3,32,32``). No MPI: run it as one
+process (under mpiexec, ranks other than 0 do nothing).
 """
 
 from __future__ import annotations
@@ -97,4 +98,8 @@ def _convert(args) -> int:
 
 
 def run(args) -> int:
+    from ssdmpi.comm.abort import launcher_rank
+
+    if launcher_rank() != 0:   # started under mpiexec by mistake: one writer, one report
+        return 0
     return _list(args) if args.data_command == "list" else _convert(args)

@@ -374,19 +374,21 @@ def normalise(raw: RawSplits) -> Dataset:
 _CACHE: dict = {}
 
 
-def _signature(where: str) -> tuple:
-    """Sizes and modification times of the file or directory entries ``where`` names (cache key)."""
-    if not where:
-        return ()
+def _signature(name: str, where: str) -> tuple:
+    """Sizes and modification times of the files ``name`` is read from (part of the cache key).
+
+    The directory's own files only (not recursive: ``path`` may be a large parent directory).
+    """
+    if not where or not os.path.exists(where):
+        return ()   # the reader will say what is missing
+    if name == "cifar10":
+        from ssdmpi.data.cifar import batches_dir
+        where = batches_dir(where)
     if os.path.isfile(where):
         st = os.stat(where)
         return ((where, st.st_size, st.st_mtime_ns),)
-    out = []
-    for root, _dirs, files in os.walk(where):
-        for f in sorted(files):
-            st = os.stat(os.path.join(root, f))
-            out.append((os.path.join(root, f), st.st_size, st.st_mtime_ns))
-    return tuple(out)
+    with os.scandir(where) as entries:
+        return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file()))
 
 
 def load_dataset(name: str, path: str | None = None, **options) -> Dataset:
@@ -402,7 +404,7 @@ def load_dataset(name: str, path: str | None = None, **options) -> Dataset:
         key_options = tuple(sorted(synthetic_options(options).items()))
     else:
         key_options = tuple(sorted(options.items()))
-    key = (name, where, key_options, _signature(where))
+    key = (name, where, key_options, _signature(name, where))
     dataset = _CACHE.get(key)
     if dataset is None:
         dataset = normalise(load_raw(name, path, **options))
