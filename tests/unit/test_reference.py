@@ -1,0 +1,153 @@
+"""The reference simulator (ssdmpi/algos/reference.py) against facts that follow from the spec.
+
+These checks do not use the MPI code path: they compare the simulator with plain SGD
+loops written here, and with itself under symmetries (N workers on identical data are
+one worker).
+"""
+
+import numpy as np
+import pytest
+
+from ssdmpi.algos import AlgoConfig
+from ssdmpi.algos.reference import ArrayBatches, Simulation, simulate
+from ssdmpi.nn import build_model
+
+FEATURES, CLASSES = 10, 3
+
+
+def data(n=192, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, FEATURES)), rng.integers(0, CLASSES, size=n)
+
+
+def factory():
+    return build_model("mlp", (FEATURES,), CLASSES, widths=(8,), dtype=np.float64, seed=1)
+
+
+def same_batch_for_everyone(x, y, B=4):
+    """batches(r, t): every worker gets the same batch at iteration t."""
+    return lambda r, t: (x[(t * B) % len(x):(t * B) % len(x) + B], y[(t * B) % len(y):(t * B) % len(y) + B])
+
+
+def sgd_trajectory(x_of, steps, lr, mu=0.0):
+    """Plain SGD with momentum on one model (an oracle independent of ssdmpi.optim)."""
+    model = factory()
+    w, v, out = np.array(model.params), np.zeros(model.num_params), []
+    for t in range(steps):
+        model.params[...] = w
+        model.loss_and_grad(*x_of(0, t))
+        v = mu * v - lr * np.array(model.grads)
+        w = w + v
+        out.append(w.copy())
+    return out
+
+
+def test_ssgd_with_N_workers_equals_one_worker_with_the_global_batch():
+    x, y = data()
+    N, B = 4, 4
+    cfg = AlgoConfig(algo="ssgd", lr=0.05)
+    many = simulate(cfg, factory, [ArrayBatches(x, y, B, r, N, seed=3) for r in range(N)], 10)
+    one = simulate(cfg, factory, [ArrayBatches(x, y, N * B, 0, 1, seed=3)], 10)
+    np.testing.assert_allclose(many.W, one.W, rtol=1e-12, atol=1e-14)
+    assert many.s == one.s == 10 and many.stage == "warmup"
+
+
+@pytest.mark.parametrize("settings", [
+    dict(algo="ssd", comm="step", local_update="global-momentum"),
+    dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
+    dict(algo="ssd", comm="period", period_rule="delta"),
+    dict(algo="localsgd"),
+])
+def test_identical_data_on_every_worker_is_one_worker(settings):
+    """The mean of N identical gradients (or models) is exact, so N workers == 1 worker bitwise."""
+    x, y = data()
+    cfg = AlgoConfig(warmup_steps=3, delay=3, lr=0.05, **settings)
+    batches = same_batch_for_everyone(x, y)
+    four = simulate(cfg, factory, batches, 17, world_size=4)
+    one = simulate(cfg, factory, batches, 17, world_size=1)
+    assert np.array_equal(four.W, one.W)
+    assert all(np.array_equal(L, one.L[0]) for L in four.L)
+
+
+def test_localsgd_with_one_worker_is_ssgd():
+    """Switch rule V <- M: local SGD-momentum of one worker continues the SSGD trajectory exactly."""
+    x, y = data()
+    batches = same_batch_for_everyone(x, y)
+    # 11 iterations = 3 warm-up + 4 periods of 2: the last one ends with an average.
+    loc = simulate(AlgoConfig(algo="localsgd", warmup_steps=3, delay=2, lr=0.05), factory, batches, 11, world_size=1)
+    ssgd = simulate(AlgoConfig(algo="ssgd", lr=0.05), factory, batches, 11, world_size=1)
+    assert np.array_equal(loc.W, ssgd.W) and loc.s == ssgd.s == 11
+
+
+def test_comm_step_timeline_one_worker_without_momentum_is_sgd_with_W_one_step_behind():
+    """5a with N=1, k=1, mu=0, lam=0: L follows plain SGD; W lags by exactly one gradient."""
+    x, y = data()
+    batches = same_batch_for_everyone(x, y)
+    lr, T_w = 0.1, 2
+    cfg = AlgoConfig(algo="ssd", comm="step", delay=1, warmup_steps=T_w, lr=lr, momentum=0.0, weight_decay=0.0)
+    sgd = sgd_trajectory(batches, 12, lr)
+    sim = Simulation(cfg, factory, batches, 1)
+    for t in range(12):
+        sim.step()
+        if t < T_w:
+            np.testing.assert_allclose(sim.W, sgd[t], rtol=1e-12)
+        else:
+            np.testing.assert_allclose(sim.L[0], sgd[t], rtol=1e-12)
+            np.testing.assert_allclose(sim.W, sgd[t - 1], rtol=1e-12)   # gradient t still in flight
+    sim.finalize()
+    np.testing.assert_allclose(sim.W, sgd[-1], rtol=1e-12)
+
+
+def test_replay_one_worker_without_momentum_replays_each_period_one_period_late():
+    """5b replay with N=1, mu=0, lam=0: at the end of period j, W = W_switch - lr*(gradients of periods < j)."""
+    x, y = data()
+    batches = same_batch_for_everyone(x, y)
+    lr, T_w, k = 0.1, 2, 3
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="replay", delay=k, warmup_steps=T_w, lr=lr,
+                     momentum=0.0, weight_decay=0.0)
+    sim = Simulation(cfg, factory, batches, 1)
+    probe = factory()
+    for _ in range(T_w):
+        sim.step()
+    W_switch, period_sums = sim.W.copy(), []
+    for m in range(4 * k):
+        probe.params[...] = sim.L[0]                          # the gradient this iteration will use
+        probe.loss_and_grad(*batches(0, sim.t))
+        if m % k == 0:
+            period_sums.append(np.zeros_like(sim.W))
+        period_sums[-1] += np.array(probe.grads)
+        sim.step()
+        if (m + 1) % k == 0:
+            j = m // k
+            expected = W_switch - lr * sum(period_sums[:j], np.zeros_like(W_switch))
+            np.testing.assert_allclose(sim.W, expected, rtol=1e-12, atol=1e-14)
+            assert np.array_equal(sim.L[0], sim.W)           # reset L <- W at the period end
+
+
+def test_delta_one_worker_keeps_its_own_trajectory():
+    """5b delta with N=1: L <- W + own displacement in flight is exactly where L already was."""
+    x, y = data()
+    batches = same_batch_for_everyone(x, y)
+    lr, mu, T_w = 0.05, 0.9, 3
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta", delay=3, warmup_steps=T_w, lr=lr,
+                     momentum=mu, weight_decay=0.0)
+    sgd = sgd_trajectory(batches, 15, lr, mu)
+    sim = Simulation(cfg, factory, batches, 1)
+    for t in range(15):
+        sim.step()
+        np.testing.assert_allclose(sim.L[0] if sim.L else sim.W, sgd[t], rtol=1e-10, atol=1e-12)
+
+
+def test_simulate_callback_can_stop_and_sees_each_step():
+    x, y = data()
+    seen = []
+    sim = simulate(AlgoConfig(algo="ssd", warmup_steps=2, delay=2, lr=0.05), factory,
+                   [ArrayBatches(x, y, 4, r, 2) for r in range(2)], 100,
+                   callback=lambda s: seen.append((s.t, s.stage)) or s.t == 5)
+    assert sim.t == 5 and seen[0] == (1, "warmup") and seen[-1] == (5, "delay") and len(sim.losses) == 2
+
+
+def test_loaders_must_match_world_size():
+    x, y = data()
+    with pytest.raises(ValueError):
+        Simulation(AlgoConfig(algo="ssgd"), factory, [ArrayBatches(x, y, 4, 0, 2)], 2)
