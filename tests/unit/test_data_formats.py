@@ -290,3 +290,11 @@ def test_fashion_mnist_from_the_debian_package():
     assert seconds < 20   # ~1 s on an idle core; generous for a shared machine
     start = time.perf_counter()
     assert load_dataset("fashion-mnist") is ds and time.perf_counter() - start < 0.5
+
+
+def test_convert_under_mpiexec_writes_once(tmp_path):
+    out = tmp_path / "digits.h5"
+    result = run_cli(["data", "convert", "digits", "--out", str(out)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("wrote") == 1   # rank 0 alone converts and reports
+    assert load_dataset("hdf5", str(out)).num_test == 360
