@@ -21,6 +21,7 @@ from mpi4py import MPI
 from ssdmpi.algos import AlgoConfig, build_algorithm
 from ssdmpi.algos.reference import Simulation
 from ssdmpi.comm.communicator import Communicator
+from ssdmpi.errors import UserError
 from ssdmpi.nn import MODELS, build_model
 
 try:
@@ -180,6 +181,27 @@ def test_ssgd_equals_single_process_sgd_with_global_batch(communicator, model_na
     assert len(set(communicator.control.allgather(w_hash(algo.global_weights())))) == 1
 
 
+def hdf5_round_trip(state: dict) -> dict:
+    """Write ``state`` to an HDF5 file (arrays as datasets, scalars as attributes) and read it back."""
+    import os
+    import tempfile
+
+    h5py = pytest.importorskip("h5py")
+    with tempfile.TemporaryDirectory() as tmp:          # per rank: ranks are separate processes
+        path = os.path.join(tmp, "state.h5")
+        with h5py.File(path, "w") as f:
+            for key, value in state.items():
+                if isinstance(value, np.ndarray):
+                    f.create_dataset(key, data=value)
+                else:
+                    f.attrs[key] = value
+        with h5py.File(path, "r") as f:
+            out = {key: f[key][...] for key in f}
+            out.update({key: f.attrs[key] for key in f.attrs})
+    assert set(out) == set(state)
+    return out
+
+
 STATE_CONFIGS = [dict(algo="ssd", comm="step", local_update="glu-paper"),
                  dict(algo="ssd", comm="step", local_update="global-momentum"),
                  dict(algo="ssd", comm="period", period_rule="replay", local_update="glu-paper"),
@@ -212,10 +234,11 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
         {k: type(v) for k, v in state.items()}
     loader_state = loader.state_dict()
     del first
+    state = hdf5_round_trip(state)                 # what a checkpoint does to it
 
     model = build_model("mlp", (FEATURES,), CLASSES, widths=(8,), dtype=np.float64, seed=99)  # other init
     resumed = build_algorithm(cfg, model, communicator)
-    resumed.load_state_dict({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in state.items()})
+    resumed.load_state_dict(state)
     loader = Loader(x, y, B, rank, N, seed=4)
     loader.load_state_dict(loader_state)
     for _ in range(total - stop_at):
@@ -261,3 +284,18 @@ def test_before_warmup_end_every_algorithm_is_ssgd(communicator, settings):
         weights.append((np.array(algo.global_weights()), losses, algo.s))
     assert np.array_equal(weights[0][0], weights[1][0])
     assert weights[0][1] == weights[1][1] and weights[0][2] == weights[1][2] == T_w
+
+
+def test_load_state_dict_rejects_a_state_that_does_not_fit(communicator):
+    cfg = AlgoConfig(warmup_steps=1, delay=2, lr=0.05)
+    x, y = dataset()
+    algo = build_algorithm(cfg, tiny_mlp()(), communicator)
+    loader = Loader(x, y, B, communicator.rank, communicator.size, seed=0)
+    for _ in range(3):
+        algo.step(*loader.next_batch())
+    state = algo.state_dict()
+    bigger = build_model("mlp", (FEATURES,), CLASSES, widths=(9,), dtype=np.float64, seed=3)
+    with pytest.raises(UserError, match="does not fit this model"):
+        build_algorithm(cfg, bigger, communicator).load_state_dict(state)
+    with pytest.raises(UserError, match="algorithm 'ssd', not 'localsgd'"):
+        build_algorithm(AlgoConfig(algo="localsgd", warmup_steps=1), tiny_mlp()(), communicator).load_state_dict(state)
