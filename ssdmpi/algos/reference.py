@@ -12,7 +12,7 @@ API::
 
     sim = simulate(config, model_factory, batches, steps, world_size=N, callback=None)
     sim.W, sim.M, sim.L[r], sim.s, sim.t, sim.stage, sim.losses   # after each step
-    sim.step(); sim.finalize()
+    sim.step(); sim.finalize(); acc, loss = sim.accuracy(sim.W, test_x, test_y)
 
 ``model_factory()`` returns a fresh model (NumPy) with the initial weights; ONE model
 computes every worker's gradient (its parameters are set to the worker's weights, and
@@ -201,6 +201,25 @@ class Simulation:
             self.W = self._mean(self.L)
             self.L = [self.W.copy() for _ in range(self.N)]
             self.s += self.k
+
+    def accuracy(self, weights, x, y, batch_size: int = 1000) -> tuple[float, float]:
+        """``(accuracy, mean loss)`` of ``weights`` (e.g. ``sim.W`` or ``sim.L[0]``) on ``(x, y)``.
+
+        Inference mode, with worker 0's BatchNorm statistics (as the trainer reports rank 0's).
+        Leaves the simulation's state untouched.
+        """
+        saved = np.array(self.model.params, copy=True)
+        self.model.params[...] = weights
+        if self._bn:
+            self.model.load_buffers(self._bn[0])
+        loss_sum, correct = 0.0, 0
+        try:
+            for i in range(0, len(x), batch_size):
+                batch_loss, batch_correct = self.model.evaluate(x[i:i + batch_size], y[i:i + batch_size])
+                loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+        finally:
+            self.model.params[...] = saved
+        return correct / len(x), loss_sum / len(x)
 
     def finalize(self):
         """Apply what is still in flight to ``W`` (the MPI path's ``finalize``)."""

@@ -151,3 +151,17 @@ def test_loaders_must_match_world_size():
     x, y = data()
     with pytest.raises(ValueError):
         Simulation(AlgoConfig(algo="ssgd"), factory, [ArrayBatches(x, y, 4, 0, 2)], 2)
+
+
+def test_accuracy_of_any_weights_leaves_the_simulation_alone():
+    x, y = data()
+    cfg = AlgoConfig(algo="ssd", warmup_steps=2, delay=2, lr=0.05)
+    sims = [simulate(cfg, factory, [ArrayBatches(x, y, 4, r, 2) for r in range(2)], 6) for _ in range(2)]
+    acc, loss = sims[0].accuracy(sims[0].L[1], x, y, batch_size=50)
+    model = factory()
+    model.params[...] = sims[1].L[1]
+    logits = model.forward(x, train=False)
+    assert acc == pytest.approx(np.mean(logits.argmax(1) == y)) and loss > 0
+    for sim in sims:                             # the evaluated simulation continues exactly like its twin
+        sim.step()
+    assert np.array_equal(sims[0].W, sims[1].W) and np.array_equal(sims[0].L[0], sims[1].L[0])
