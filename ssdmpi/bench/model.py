@@ -14,18 +14,28 @@ What it measures (all ranks together, rank 0 prints; ``--ranks`` >= 2, default 2
    ``period k`` (gradients accumulated over k steps, one nonblocking allreduce per period,
    waited at the end of the next period: ``ssd --comm period``). Variants are interleaved
    and repeated ``--repeats`` times; each time per step is the slowest rank's, median over
-   repeats.
+   repeats;
+3. ``c_busy``: the time of one compute step while an allreduce of the gradient size is in
+   flight (only steps that ended before it completed count). On a GPU, or with spare
+   cores, ``c_busy = c``; on a CPU whose cores all compute, the communication (an MPI
+   library busy-polling the network, the kernel copying TCP data, the reduction itself)
+   takes cycles from the compute, and ``c_busy > c``.
 
-The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time)::
+The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time,
+``r = c / c_busy <= 1`` the compute speed while communication is in flight)::
 
-    ssgd                      t = c + T           blocking allreduce every step
-    localsgd, period k        t = c + T / k       blocking allreduce every k steps
-    ssd --comm step (odsgd)   t = max(c, T)       each allreduce hides behind ONE step
-    ssd --comm period, k      t = max(c, T / k)   one allreduce per k steps, hidden behind
-                                                  the next k steps: per period the exposed
-                                                  wait is max(0, T - k c)
+    ssgd                      t = c + T                           blocking allreduce every step
+    localsgd, period k        t = c + T / k                       blocking allreduce every k steps
+    ssd --comm period, k      t = max(T/k, c + (T/k) (1 - r))     one allreduce per k steps,
+                                                                  overlapped with the next k steps
+    ssd --comm step (odsgd)   the same with k = 1                 each allreduce overlaps ONE step
 
-    speedup of ssd period over ssgd = (c + T) / max(c, T/k)  <=  1 + T/c  (reached at k >= T/c)
+Derivation of the overlapped case: a period must do ``k c`` of compute and one allreduce of
+``T``. While the allreduce is in flight the compute runs at speed ``r``, so after ``T`` it
+has done ``r T``; if that is at least ``k c``, the period takes ``T`` (communication-bound,
+the exposed wait is ``T - k c / r``), otherwise it takes ``T + (k c - r T) = k c + T (1 - r)``.
+With perfect overlap (``r = 1``) this is ``max(c, T/k)``, and the speedup of ssd period
+over ssgd is ``(c + T) / max(c, T/k) <= 1 + T/c``, reached at ``k >= T/c``.
 
 Allreduce time, ring algorithm on ``N`` ranks (per-hop latency ``alpha``, per-byte time on
 a rank's link ``beta``; each rank sends ``2 (N-1)/N * S`` bytes in ``2 (N-1)`` messages)::
@@ -37,8 +47,8 @@ measured times at ``--fit-sizes`` gives ``a, b`` (so ``alpha = a/2``, ``beta = b
 other measured point (held-out sizes, all step loops) is a prediction the fit never saw.
 
 Planning table (``--plan-ranks`` x ``--plan-gbits``): ``beta = 8 / (eta * B)`` for a link of
-``B`` bit/s per rank, ``alpha`` from the fit, ``c`` measured (or ``--plan-compute-ms``, e.g. a
-GPU's step time). ``eta`` is the link efficiency: on a throttled namespace (``--net R``) it is
+``B`` bit/s per rank, ``alpha`` from the fit, ``c`` and ``c_busy`` measured (or ``--plan-compute-ms``, e.g. a
+GPU's step time, then with perfect overlap: ``c_busy = c``). ``eta`` is the link efficiency: on a throttled namespace (``--net R``) it is
 measured, ``eta = 2 * 8 / (b R)`` -- the factor 2 because both ranks' traffic shares the ONE
 ``tbf`` qdisc of the loopback, whereas on a real network each rank has its own link;
 ``--plan-efficiency`` overrides it (and must be given for ``--net none``, default 0.9).
@@ -90,10 +100,11 @@ def ring_allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) ->
     return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes * beta
 
 
-def predict_step(kind: str, compute: float, allreduce: float, k: int = 1) -> float:
+def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None) -> float:
     """Predicted seconds per step of a communication pattern (see the module docstring).
 
-    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period``.
+    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period``; ``compute_busy``:
+    seconds of a compute step while an allreduce is in flight (default ``compute``: perfect overlap).
     """
     if kind == "none":
         return compute
@@ -101,10 +112,10 @@ def predict_step(kind: str, compute: float, allreduce: float, k: int = 1) -> flo
         return compute + allreduce
     if kind == "localsgd":
         return compute + allreduce / k
-    if kind == "step":
-        return max(compute, allreduce)
-    if kind == "period":
-        return max(compute, allreduce / k)
+    if kind in ("step", "period"):
+        k = 1 if kind == "step" else k
+        speed = 1.0 if not compute_busy else min(1.0, compute / compute_busy)
+        return max(allreduce / k, compute + allreduce / k * (1.0 - speed))
     raise ValueError(f"unknown communication pattern {kind!r}")
 
 
@@ -210,6 +221,28 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
     return comm.control.allreduce(elapsed / steps, op=comm.MPI.MAX)
 
 
+def _compute_while_in_flight(comm, model, x, labels, nbytes: int, reps: int):
+    """Median seconds of a compute step that ran entirely while an allreduce was in flight
+    (slowest rank), or None when no step fitted inside one allreduce."""
+    import numpy as np
+
+    buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
+    times = []
+    for _ in range(reps):
+        comm.control.Barrier()
+        handle = comm.allreduce_start(buf, average=False)
+        while not handle.test():
+            start = time.perf_counter()
+            model.loss_and_grad(x, labels)
+            elapsed = time.perf_counter() - start
+            if not handle.test():
+                times.append(elapsed)
+        handle.wait()
+    mine = statistics.median(times) if times else float("nan")
+    worst = comm.control.allreduce(mine, op=comm.MPI.MAX)
+    return None if worst != worst else worst   # NaN on any rank: no sample there
+
+
 def measure(args, comm, log) -> dict:
     """Every measurement of the module docstring, identical on all ranks (collective)."""
     import numpy as np
@@ -229,6 +262,10 @@ def measure(args, comm, log) -> dict:
         allreduce[nbytes] = _time_allreduce(comm, nbytes, args.reps)
         log(f"allreduce {nbytes / MB:8.2f} MB: {allreduce[nbytes] * 1e3:9.2f} ms")
 
+    compute_busy = _compute_while_in_flight(comm, model, x, labels, grad_bytes, args.reps)
+    log(f"compute step while an allreduce is in flight: "
+        f"{'n/a' if compute_busy is None else f'{compute_busy * 1e3:.2f} ms'}")
+
     patterns = [Pattern("none")] + [parse_pattern(p) for p in args.patterns.split(",")]
     loops = {p: [] for p in patterns}
     for rep in range(args.repeats):
@@ -242,7 +279,7 @@ def measure(args, comm, log) -> dict:
             "batch_size": args.batch_size, "ranks": comm.size,
             "fit_bytes": fit_bytes, "check_bytes": check_bytes,
             "allreduce_s": {str(n): t for n, t in allreduce.items()},
-            "step_s": {p.name: statistics.median(v) for p, v in loops.items()},
+            "step_s": {p.name: statistics.median(v) for p, v in loops.items()}, "compute_busy_s": compute_busy,
             "patterns": [[p.kind, p.k] for p in patterns]}
 
 
@@ -281,13 +318,14 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
              for n in sorted(times)]
 
     c = measured["step_s"]["compute only"]
+    c_busy = measured.get("compute_busy_s") or c
     T = predict_T(measured["grad_bytes"])
     ssgd_measured = measured["step_s"].get("ssgd")
     ssgd_predicted = predict_step("ssgd", c, T)
     steps = []
     for kind, k in measured["patterns"]:
         name = Pattern(kind, k).name
-        pred = predict_step(kind, c, T, k)
+        pred = predict_step(kind, c, T, k, c_busy)
         meas = measured["step_s"][name]
         steps.append({"pattern": name, "kind": kind, "k": k, "measured_s": meas, "predicted_s": pred,
                       "error_pct": None if kind == "none" else percent_error(pred, meas),
@@ -299,17 +337,20 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
         # a single shared link would suggest (see the module docstring).
         efficiency = min(1.0, 2 * 8 / (b * rate_bps)) if rate_bps else 0.9
     c_plan = c if plan_compute_s is None else plan_compute_s
+    # A measured c keeps its measured interference; a given one (e.g. a GPU's) overlaps perfectly.
+    slowdown = c_busy / c if plan_compute_s is None else 1.0
     plan = []
     for n in plan_ranks:
         for gbit in plan_gbits:
             beta_link = 8 / (efficiency * gbit * 1e9)
             T_n = ring_allreduce_time(measured["grad_bytes"], n, alpha, beta_link)
-            t_ssgd, t_ssd = predict_step("ssgd", c_plan, T_n), predict_step("period", c_plan, T_n, plan_k)
+            t_ssgd = predict_step("ssgd", c_plan, T_n)
+            t_ssd = predict_step("period", c_plan, T_n, plan_k, c_plan * slowdown)
             plan.append({"ranks": n, "gbit": gbit, "allreduce_s": T_n, "ssgd_s": t_ssgd, "ssd_period_s": t_ssd,
                          "speedup": t_ssgd / t_ssd, "best_k": max(1, int(-(-T_n // c_plan)))})
     return {"alpha_s": alpha, "beta_s_per_byte": beta, "fit_a_s": a, "fit_b_s_per_byte": b,
             "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
-            "compute_s": c, "allreduce_model_s": T, "plan_compute_s": c_plan, "plan_k": plan_k,
+            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "plan_compute_s": c_plan, "plan_k": plan_k,
             "sizes": sizes, "steps": steps, "plan": plan}
 
 
@@ -326,7 +367,8 @@ def report(measured: dict, result: dict, net: str) -> str:
     out += [f"Fit on {fit_mb} MB: T_2(S) = {r['fit_a_s'] * 1e3:.3f} ms + S / ({r['effective_gbit']:.3f} Gbit/s)"
             if r["effective_gbit"] else f"Fit on {fit_mb} MB: a = {r['fit_a_s']:.3g} s, b = {r['fit_b_s_per_byte']:.3g} s/B",
             f"(per-hop alpha = {r['alpha_s'] * 1e6:.1f} us, beta = {r['beta_s_per_byte'] * 1e9:.3f} ns/byte); "
-            f"compute c = {r['compute_s'] * 1e3:.2f} ms/step; model allreduce T = {r['allreduce_model_s'] * 1e3:.2f} ms "
+            f"compute c = {r['compute_s'] * 1e3:.2f} ms/step ({r['compute_busy_s'] * 1e3:.2f} ms while an allreduce "
+            f"is in flight); model allreduce T = {r['allreduce_model_s'] * 1e3:.2f} ms "
             f"(T/c = {r['allreduce_model_s'] / r['compute_s']:.2f})", ""]
     out += ["| allreduce size (MB) | role | measured ms | predicted ms | error |", "|---:|---|---:|---:|---:|"]
     for s in r["sizes"]:

@@ -47,6 +47,22 @@ def test_step_time_formulas(kind, k, expected):
     assert predict_step(kind, 0.10, 0.40, k) == pytest.approx(expected)
 
 
+def test_overlap_with_compute_slowed_by_communication():
+    """c_busy = 2c: the compute runs at half speed while the allreduce is in flight."""
+    from ssdmpi.bench.model import predict_step
+
+    c, T = 0.10, 0.40
+    # k = 5: a period does 0.5 s of compute; 0.4 s of it at half speed (0.2 s done), then 0.3 s alone
+    assert predict_step("period", c, T, 5, compute_busy=2 * c) == pytest.approx((0.4 + 0.3) / 5)
+    # k = 2: 0.2 s of compute, all done at half speed within the 0.4 s allreduce: communication-bound
+    assert predict_step("period", c, T, 2, compute_busy=2 * c) == pytest.approx(0.4 / 2)
+    # step = period with k = 1; blocking patterns do not overlap, so c_busy does not matter
+    assert predict_step("step", c, T, compute_busy=2 * c) == predict_step("period", c, T, 1, compute_busy=2 * c)
+    assert predict_step("ssgd", c, T, compute_busy=2 * c) == pytest.approx(c + T)
+    # a faster compute_busy than c is measurement noise, never a prediction faster than perfect overlap
+    assert predict_step("period", c, T, 5, compute_busy=0.5 * c) == pytest.approx(c)
+
+
 def test_speedup_of_period_is_bounded_by_one_plus_t_over_c():
     from ssdmpi.bench.model import predict_step
 
