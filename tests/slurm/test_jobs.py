@@ -30,8 +30,8 @@ from tests.slurm.conftest import JOBS, ROOT
 h5py = pytest.importorskip("h5py")
 
 STEPS = 240   # long enough that the signal lands mid-training, short enough for CI
-TRAIN_ARGS = (f"--dataset digits --model mlp --steps {STEPS} --batch-size 16 --algo ssd --delay 2 --comm step "
-              "--warmup-steps 20 --checkpoint-every 40 --keep-checkpoints 0 --eval-every 0 --log-every 5 "
+TRAIN_ARGS = (f"--dataset digits --model mlp --steps {STEPS} --batch-size 16 --algo ssd --delay 3 --comm period "
+              "--warmup-steps 20 --checkpoint-every 64 --keep-checkpoints 0 --eval-every 0 --log-every 5 "
               "--seed 3 --no-progress-bar")
 JOB_TIMEOUT = 420
 
@@ -152,7 +152,7 @@ def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_
 
 
 def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, trainer, tmp_path):
-    args = TRAIN_ARGS.replace(f"--steps {STEPS}", "--steps 60").replace("--delay 2 ", "")
+    args = TRAIN_ARGS.replace(f"--steps {STEPS}", "--steps 60").replace("--delay 3 ", "")
     job = slurm_cluster.sbatch(JOBS / "sweep.sbatch", "--array=0-1", cwd=tmp_path,
                                env={"SSDMPI_ARGS": args, "SWEEP_VALUES": "1 3", "LAUNCHER": "mpiexec"})
     outs = [tmp_path / f"ssdmpi-sweep-{job}_{i}.out" for i in (0, 1)]
