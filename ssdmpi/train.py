@@ -239,6 +239,8 @@ class Evaluator:
         data = (self.dataset.test_x, self.dataset.test_y)
         own_params = model.params.copy()
         own_buffers = {k: v.copy() for k, v in model.buffers().items()}
+        L = algo.local_weights()
+        L = None if L is None else (L.copy() if L is not model.params else own_params)   # before params change
         try:
             if own_buffers and self.comm.size > 1:   # rank 0's BN statistics for everyone
                 host = control.bcast({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
@@ -248,7 +250,6 @@ class Evaluator:
                 model.params[...] = W
             loss, acc, _ = evaluate(model, *data, control)
             out = {"test_acc": acc, "test_loss": loss}
-            L = algo.local_weights()
             if L is not None:
                 host = backend.to_host(L).copy() if self.comm.rank == 0 else np.empty(L.shape, dtype=L.dtype)
                 control.Bcast(host, root=0)

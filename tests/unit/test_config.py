@@ -1,0 +1,149 @@
+"""The training configuration: defaults < preset < YAML file < flags, and one-line errors."""
+
+import argparse
+
+import pytest
+
+from ssdmpi import config
+from ssdmpi.errors import UserError
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_no_arguments_resolve_to_the_default_preset():
+    cfg = config.resolve(parse())
+    preset = config.load_preset("default")
+    assert cfg.dataset == "digits" and cfg.model == "mlp"
+    for key, value in preset.items():
+        assert getattr(cfg, key) == value
+
+
+def test_flags_override_the_file_which_overrides_the_preset(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: 0.3\nbatch-size: 64\nepochs: 7\n")
+    cfg = config.resolve(parse("--config", str(path), "--epochs", "9"))
+    assert cfg.lr == 0.3            # file beats preset (0.05)
+    assert cfg.batch_size == 64     # dashes or underscores
+    assert cfg.epochs == 9          # flag beats file
+    assert cfg.model == "mlp"       # preset beats dataclass default
+
+
+def test_named_preset_has_the_published_cifar10_settings():
+    cfg = config.resolve(parse("--preset", "cifar10-resnet20"))
+    assert (cfg.model, cfg.batch_size, cfg.epochs, cfg.lr, cfg.local_lr) == ("resnet20", 128, 160, 0.4, 1.6)
+    assert config.parse_schedule(cfg.lr_schedule) == ("multistep", {"milestones": [80.0, 120.0], "gamma": 0.1})
+    assert (cfg.momentum, cfg.weight_decay, cfg.delay, cfg.warmup_steps) == (0.9, 1e-4, 5, 500)
+
+
+def test_warmup_epochs_from_a_flag_clears_the_presets_warmup_steps():
+    cfg = config.resolve(parse("--warmup-epochs", "2"))
+    assert cfg.warmup_steps is None and cfg.warmup_epochs == 2.0
+    assert cfg.warmup_iterations(steps_per_epoch=30) == 60
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = config.resolve(parse("--lr", "0.02", "--widths", "64,32"))
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    again = config.resolve(parse("--config", str(path)))
+    assert again == cfg
+
+
+def test_soft_settings_are_the_algorithm_settings_the_user_did_not_give():
+    assert "delay" not in config.soft_settings(parse("--delay", "3"))
+    assert {"delay", "comm", "local_update"} <= config.soft_settings(parse())
+
+
+@pytest.mark.parametrize("yaml_text, needle", [
+    ("lr: 0.1\nlearning_rate: 0.2\n", "unknown setting 'learning_rate'"),
+    ("- lr\n", "expected a mapping"),
+    ("lr: [\n", "not valid YAML"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, yaml_text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(UserError, match=needle.replace("[", r"\[")):
+        config.resolve(parse("--config", str(path)))
+
+
+def test_missing_config_file_and_unknown_preset():
+    with pytest.raises(UserError, match="cannot read config file"):
+        config.resolve(parse("--config", "/nonexistent/x.yaml"))
+    with pytest.raises(UserError, match="unknown preset 'nope'; choose one of .*default"):
+        config.resolve(parse("--preset", "nope"))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--algo", "sgd"], "--algo 'sgd' is not one of"),
+    (["--comm", "ring"], "--comm 'ring'"),
+    (["--local-update", "x"], "--local-update 'x'"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    (["--epochs", "-1"], "--epochs must be a positive integer"),
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--momentum", "1"], "--momentum must be < 1"),
+    (["--weight-decay=-1e-4"], "--weight-decay must be >= 0"),
+    (["--delay", "0"], "--delay must be a positive integer"),
+    (["--warmup-steps", "-5"], "--warmup-steps must be an integer >= 0"),
+    (["--lr-schedule", "exp"], "--lr-schedule 'exp' is not understood"),
+    (["--lr-schedule", "multistep:120,80"], "is not understood"),
+    (["--device", "tpu"], "--device 'tpu'"),
+    (["--progress", "spin"], "--progress 'spin'"),
+    (["--transport", "x"], "--transport 'x'"),
+    (["--dtype", "float16"], "--dtype 'float16'"),
+    (["--augment", "rotate"], "unknown augmentation"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints must be an integer >= 0"),
+    (["--log-every", "0"], "--log-every must be a positive integer"),
+    (["--glu-divisor", "0"], "--glu-divisor must be > 0"),
+    (["--stall-timeout", "0"], "--stall-timeout must be > 0"),
+    (["--seed", "-1"], "--seed must be an integer >= 0"),
+])
+def test_each_bad_option_is_a_one_line_error_naming_it(argv, needle):
+    with pytest.raises(UserError) as info:
+        config.resolve(parse(*argv))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_widths_is_an_error_at_parse_time():
+    with pytest.raises(UserError, match="--widths"):
+        parse("--widths", "64,x")
+
+
+def test_resume_refuses_structural_changes_but_allows_longer_runs():
+    old = config.resolve(parse()).to_dict()
+    cfg = config.resolve(parse("--epochs", "40"), checkpoint_config=old)
+    config.check_resume(old, cfg)             # more epochs: fine
+    assert cfg.epochs == 40 and cfg.lr == old["lr"]
+    cfg = config.resolve(parse("--model", "wide-mlp"), checkpoint_config=old)
+    with pytest.raises(UserError, match="trained with model='mlp'"):
+        config.check_resume(old, cfg)
+
+
+def test_resume_takes_settings_from_the_checkpoint_not_the_default_preset():
+    old = config.resolve(parse("--lr", "0.01", "--stop-at-step", "5", "--run-dir", "/a")).to_dict()
+    cfg = config.resolve(parse(), checkpoint_config=old)
+    assert cfg.lr == 0.01
+    assert cfg.stop_at_step is None and cfg.run_dir is None   # not inherited
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("constant", ("constant", {})),
+    ("cosine", ("cosine", {})),
+    ("poly", ("poly", {"power": 2.0})),
+    ("step:30:0.5", ("step", {"every": 30.0, "gamma": 0.5})),
+    ("multistep:80,120", ("multistep", {"milestones": [80.0, 120.0], "gamma": 0.1})),
+])
+def test_schedule_specs(spec, expected):
+    assert config.parse_schedule(spec) == expected
+
+
+def test_every_preset_is_valid():
+    names = config.list_presets()
+    assert {"default", "cifar10-resnet20"} <= set(names)
+    for name in names:
+        config.resolve(parse("--preset", name))
