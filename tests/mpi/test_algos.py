@@ -77,10 +77,17 @@ for k in (1, 2, 5):
     CONFIGS.append(dict(algo="localsgd", delay=k))
 CONFIGS.append(dict(algo="odsgd"))
 CONFIGS.append(dict(algo="ssgd"))
+# learning-rate schedules pin down which counter drives which lr (s: global, t: local, m: explicit local)
+CONFIGS.append(dict(algo="ssd", comm="step", delay=2, local_update="glu-paper", lr_warmup_steps=2,
+                    lr_schedule={"kind": "multistep", "milestones": [5, 9]},
+                    local_lr_schedule={"kind": "step", "every": 3, "gamma": 0.5}))
+CONFIGS.append(dict(algo="ssd", comm="period", period_rule="replay", delay=2, lr_schedule="cosine", total_steps=14))
+CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta", delay=2, lr_schedule="poly", total_steps=14))
+CONFIGS.append(dict(algo="localsgd", delay=2, lr_schedule={"kind": "step", "every": 4}))
 
 
 def cfg_id(d):
-    return "-".join(f"{v}" for v in d.values())
+    return "-".join(f"{v}" if not isinstance(v, dict) else v["kind"] for v in d.values())
 
 
 @pytest.mark.parametrize("settings", CONFIGS, ids=cfg_id)
