@@ -19,6 +19,7 @@ job outputs) after the session, for debugging.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -50,6 +51,15 @@ def _free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when pytest dies, even by SIGKILL (an outer
+    timeout), so no daemon outlives the session (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _mem_mb() -> int:
@@ -143,7 +153,8 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         log = open(self.logs / f"{name}.out", "wb")
         # own session: a stray terminal signal to pytest does not reach the daemons
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=self.env, cwd=self.base, start_new_session=True)
+                                            env=self.env, cwd=self.base, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
         log.close()
 
     def start(self) -> None:
