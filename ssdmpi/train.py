@@ -427,6 +427,8 @@ def run(args) -> int:
     interval = {"steps": 0, "loss": 0.0, "bad": 0, "t0": time.monotonic()}
     totals = {"steps": 0, "wall": 0.0, "compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
     exit_code, stop_reason = 0, None
+    quiet = np.errstate(over="ignore", invalid="ignore")   # non-finite values are detected, not warned about
+    quiet.__enter__()
     try:
         while step < total_steps:
             xb, yb = loader.next_batch()
@@ -499,6 +501,7 @@ def run(args) -> int:
             if epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0 and step < total_steps:
                 last_eval = evaluate_now()
     finally:
+        quiet.__exit__(None, None, None)
         stop.restore()
         progress.close()
 
