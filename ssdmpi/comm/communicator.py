@@ -119,7 +119,7 @@ class Communicator:
         self.stall_timeout = stall_timeout
         self.stats = CommStats()
         self._watchdog = StallWatchdog(base, stall_timeout) if stall_timeout and stall_timeout > 0 else None
-        self._thread = None
+        self._thread = CommThread() if strategy == "thread" else None
         self._pending: list = []     # handles not yet finalised, in posting order
         self._seq = 0
         atexit.register(self._stop_threads)
@@ -269,8 +269,6 @@ class Communicator:
             handle._requests = [self.comm.Iallreduce(in_place, b, op=op) for b in buckets]
         else:
             handle._event = threading.Event()
-            if self._thread is None:
-                self._thread = CommThread()
             self._thread.submit(lambda: self._thread_job(handle, divide_here))
         self._pending.append(handle)
         handle._t_returned = _clock()

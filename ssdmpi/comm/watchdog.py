@@ -9,6 +9,8 @@ times out asks every other rank, collects replies for a few seconds, and reports
 
 - a rank whose last posted ``#seq`` is below the stalled operation's has *not reached* it
   (it is still computing, or stuck in something else: its own wait is named);
+- a rank that reached it but waits in a different operation called the collectives in a
+  different order (a bug in the caller);
 - a rank that does not reply is hung where Python cannot run (a C call holding the GIL) or dead;
 - when every rank has reached the operation, MPI itself (or the network) is stuck.
 
@@ -107,11 +109,11 @@ class StallWatchdog:
     def _fire(self, what: str, seq: int, since: float) -> None:
         waited = time.monotonic() - since
         message = (f"stall: waited {waited:.1f} s (over the stall timeout of {self.timeout:g} s) in {what}; "
-                   + self._who_is_missing(seq)
+                   + self._who_is_missing(what, seq)
                    + "; aborting the job (raise --stall-timeout if a step can legitimately take longer)")
         abort_job(message, 1)
 
-    def _who_is_missing(self, seq: int) -> str:
+    def _who_is_missing(self, what: str, seq: int) -> str:
         if self.size == 1:
             return "this is the only rank, so MPI itself is stuck"
         if not self.can_talk:
@@ -130,7 +132,7 @@ class StallWatchdog:
                 continue
             self._serve()            # peers stalled in the same operation ask us too
             time.sleep(0.01)
-        behind, silent, there = [], [], []
+        behind, elsewhere, silent, there = [], [], [], []
         for peer in range(self.size):
             if peer == self.rank:
                 continue
@@ -141,9 +143,12 @@ class StallWatchdog:
                 doing = (f"waiting {state['waiting_s']:.1f} s in {state['waiting']}" if state["waiting"]
                          else "computing")
                 behind.append(f"{peer} (last posted #{state['posted']}, {doing})")
+            elif state["waiting"] not in (None, what):
+                elsewhere.append(f"{peer} (waiting {state['waiting_s']:.1f} s in a different operation: "
+                                 f"{state['waiting']})")
             else:
                 there.append(str(peer))
-        missing = behind + silent
+        missing = behind + elsewhere + silent
         text = "ranks missing from it: " + ("; ".join(missing) if missing else "none")
         if there:
             text += f"; ranks that reached it: {', '.join(there)}"

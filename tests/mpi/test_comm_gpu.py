@@ -1,0 +1,135 @@
+"""The GPU-buffer paths of the Communicator, without a GPU.
+
+``FakeDeviceArray`` exposes ``__cuda_array_interface__`` over host memory (as mpi4py's own
+``test/arrayimpl.py`` does), plus the few CuPy methods the transports use (``get(out=)``,
+``set``, slicing, in-place division). mpi4py hands its pointer to MPI as a "device" buffer;
+since the memory is really on the host, a non-CUDA MPI handles it, so both transports can
+be exercised here. The ``synchronize`` hook stands in for the producing CUDA stream: the
+"kernel" that writes the gradient only lands when the hook is called, so a transport that
+let MPI read the buffer before synchronising would reduce garbage.
+"""
+
+import numpy as np
+import pytest
+
+from ssdmpi.comm.communicator import Communicator
+
+STRATEGIES = ("blocking", "test", "thread")
+
+
+class FakeDeviceArray:
+    """A 1-D 'device' array over host memory, CuPy-like enough for ssdmpi.comm."""
+
+    def __init__(self, host: np.ndarray):
+        self._host = host
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self._host.shape, "typestr": self._host.dtype.str,
+                "data": (self._host.ctypes.data, False), "strides": None, "version": 3}
+
+    dtype = property(lambda self: self._host.dtype)
+    size = property(lambda self: self._host.size)
+    nbytes = property(lambda self: self._host.nbytes)
+    ndim = property(lambda self: self._host.ndim)
+    itemsize = property(lambda self: self._host.itemsize)
+
+    def __getitem__(self, index):
+        assert isinstance(index, slice)
+        return FakeDeviceArray(self._host[index])
+
+    def get(self, out=None):
+        """Device -> host copy (CuPy's name)."""
+        if out is None:
+            return self._host.copy()
+        out[...] = self._host
+        return out
+
+    def set(self, host):
+        """Host -> device copy (CuPy's name)."""
+        self._host[...] = host
+
+    def __itruediv__(self, other):
+        self._host /= other
+        return self
+
+
+class PendingKernel:
+    """The producing stream: the real values reach the buffer only at ``synchronize()``."""
+
+    def __init__(self, device_host_memory: np.ndarray, values: np.ndarray):
+        self.target, self.values, self.calls = device_host_memory, values, 0
+
+    def __call__(self):
+        self.calls += 1
+        self.target[...] = self.values
+
+
+def rank_data(rank: int, n: int) -> np.ndarray:
+    return np.random.default_rng(77 + rank).standard_normal(n).astype(np.float32)
+
+
+def reference_mean(size: int, n: int) -> np.ndarray:
+    return np.mean([rank_data(r, n).astype(np.float64) for r in range(size)], axis=0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("transport", ["host", "cuda-aware"])
+@pytest.mark.parametrize("bucket_bytes", [None, 3000])
+def test_device_buffers_reduce_correctly_after_synchronising(comm, strategy, transport, bucket_bytes):
+    n = 10_001
+    memory = np.full(n, np.nan, dtype=np.float32)        # the "kernel" has not run yet
+    kernel = PendingKernel(memory, rank_data(comm.Get_rank(), n))
+    c = Communicator(comm, progress=strategy, transport=transport, bucket_bytes=bucket_bytes,
+                     synchronize=kernel)
+    try:
+        buf = FakeDeviceArray(memory)
+        out = c.allreduce_start(buf).wait()
+        assert out is buf and kernel.calls == 1
+        np.testing.assert_allclose(memory, reference_mean(c.size, n), rtol=1e-5, atol=1e-6)
+    finally:
+        c.free()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_host_staging_leaves_the_device_buffer_alone_until_wait(comm, strategy):
+    n = 5000
+    memory = rank_data(comm.Get_rank(), n)
+    before = memory.copy()
+    c = Communicator(comm, progress=strategy, transport="host", synchronize=lambda: None)
+    try:
+        handle = c.allreduce_start(FakeDeviceArray(memory))
+        while not handle.test():
+            c.progress()
+        np.testing.assert_array_equal(memory, before)  # reduced, but only in the staging copy
+        handle.wait()
+        np.testing.assert_allclose(memory, reference_mean(c.size, n), rtol=1e-5, atol=1e-6)
+    finally:
+        c.free()
+
+
+def test_host_staging_reuses_its_pinned_buffer(comm):
+    memory = rank_data(comm.Get_rank(), 4096)
+    c = Communicator(comm, progress="test", transport="host", synchronize=lambda: None)
+    try:
+        buf = FakeDeviceArray(memory)
+        first = c.transport.to_mpi(buf)
+        assert isinstance(first, np.ndarray) and first is not memory
+        np.testing.assert_array_equal(first, memory)
+        assert c.transport.to_mpi(buf) is first
+    finally:
+        c.free()
+
+
+@pytest.mark.parametrize("transport", ["host", "cuda-aware"])
+def test_broadcast_of_a_device_buffer_synchronises_first(comm, transport):
+    n = 2048
+    memory = np.zeros(n, dtype=np.float32)
+    kernel = PendingKernel(memory, rank_data(comm.Get_rank(), n))
+    c = Communicator(comm, progress="test", transport=transport, synchronize=kernel)
+    try:
+        c.broadcast(FakeDeviceArray(memory), root=0)
+        assert kernel.calls == 1
+        np.testing.assert_array_equal(memory, rank_data(0, n))
+    finally:
+        c.free()
