@@ -7,7 +7,9 @@
   itself, resumes and finishes with final weights bitwise identical to the
   uninterrupted job's;
 - ``jobs/sweep.sbatch`` runs a 2-task array with different delays k into separate run
-  directories (through the template's other launcher, MPICH's ``mpiexec``).
+  directories, through the templates' other launcher (MPICH's ``mpiexec``), with one of
+  the tasks preempted and requeued on its own;
+- ``jobs/bench.sbatch`` leaves ``bench train``'s tables in its run directory.
 
 Every job runs with small settings passed through the templates' own variables
 (``SSDMPI_ARGS``), exactly as a user would.
@@ -92,6 +94,17 @@ def submit_train(cluster, cwd: Path, **env) -> tuple[int, Path, Path]:
     return job, cwd / "runs" / f"ssdmpi-train-{job}", cwd / f"ssdmpi-train-{job}.out"
 
 
+def signal_mid_training(cluster, job, run_dir: Path, out: Path, after_step: int = 20) -> None:
+    """Once the job's run has logged ``after_step``, send SIGUSR1 to its batch shell, as
+    ``--signal=B:USR1@LEAD`` does at the time limit (``job``: an id or ``ARRAYID_TASK``)."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not [r for r in records(run_dir, "step") if r["step"] >= after_step]:
+        if time.monotonic() > deadline or cluster.job(job).get("JobState") not in ("PENDING", "RUNNING"):
+            pytest.fail(f"job {job} never logged step {after_step}\n{cluster.explain(job, [out])}")
+        time.sleep(0.2)
+    cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_cluster, trainer, tmp_path_factory):
     """One train.sbatch job that runs to the end: (job record, run directory, output file)."""
@@ -119,13 +132,7 @@ def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_
                                                                          tmp_path):
     cwd = tmp_path
     job, run_dir, out = submit_train(slurm_cluster, cwd)
-    # Signal the batch shell (as --signal=B:USR1@LEAD would) once training is under way.
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while not [r for r in records(run_dir, "step") if r["step"] >= 20]:
-        if time.monotonic() > deadline or slurm_cluster.job(job).get("JobState") not in ("PENDING", "RUNNING"):
-            pytest.fail(f"job {job} never logged step 20\n{slurm_cluster.explain(job, [out])}")
-        time.sleep(0.2)
-    slurm_cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
+    signal_mid_training(slurm_cluster, job, run_dir, out)
     (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
     text = out.read_text()
     why = slurm_cluster.explain(job, [out])
@@ -152,24 +159,30 @@ def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_
 
 
 def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, trainer, tmp_path):
-    args = TRAIN_ARGS.replace(f"--steps {STEPS}", "--steps 60").replace("--delay 3 ", "")
+    """Two array tasks, k = 1 and k = 3, through LAUNCHER=mpiexec; task 0 is also preempted
+    (hydra's mpiexec must forward SIGUSR1 to the ranks, and an array task requeues alone)."""
+    args = TRAIN_ARGS.replace("--delay 3 ", "")
     job = slurm_cluster.sbatch(JOBS / "sweep.sbatch", "--array=0-1", cwd=tmp_path,
                                env={"SSDMPI_ARGS": args, "SWEEP_VALUES": "1 3", "LAUNCHER": "mpiexec"})
-    outs = [tmp_path / f"ssdmpi-sweep-{job}_{i}.out" for i in (0, 1)]
-    tasks = slurm_cluster.wait_done(job, 2 * JOB_TIMEOUT, outs)
-    why = slurm_cluster.explain(job, outs)
-    assert sorted(t["ArrayTaskId"] for t in tasks) == ["0", "1"], why
-    assert all(t["JobState"] == "COMPLETED" and t["ExitCode"] == "0:0" for t in tasks), why
-
     root = tmp_path / "runs" / f"ssdmpi-sweep-{job}"
+    outs = [tmp_path / f"ssdmpi-sweep-{job}_{i}.out" for i in (0, 1)]
+    signal_mid_training(slurm_cluster, f"{job}_0", root / "delay1", outs[0])
+    tasks = {t["ArrayTaskId"]: t for t in slurm_cluster.wait_done(job, 2 * JOB_TIMEOUT, outs)}
+    why = slurm_cluster.explain(job, outs)
+    assert sorted(tasks) == ["0", "1"], why
+    assert all(t["JobState"] == "COMPLETED" and t["ExitCode"] == "0:0" for t in tasks.values()), why
+    assert (tasks["0"]["Restarts"], tasks["1"]["Restarts"]) == ("1", "0"), why
+    assert "ssdmpi train exited with 85" in outs[0].read_text(), why
+
     assert sorted(p.name for p in root.iterdir()) == ["delay1", "delay3"]
     finals = {}
     for k in (1, 3):
         run_dir = root / f"delay{k}"
-        (start,) = records(run_dir, "start")
-        assert start["config"]["delay"] == k, f"{run_dir} ran with {start['config'].get('delay')}"
+        starts = records(run_dir, "start")
+        assert len(starts) == (2 if k == 1 else 1), why        # task 0 resumed once
+        assert all(s["config"]["delay"] == k for s in starts), f"{run_dir} ran with another delay"
         state = final_state(run_dir)
-        assert state["step"] == 60 and state["world_size"] == 2
+        assert state["step"] == STEPS and state["world_size"] == 2
         finals[k] = state["W"]
     # Past the 20-step warm-up the delay changes the trajectory: the two runs really differ.
     assert not np.array_equal(finals[1], finals[3])
