@@ -35,6 +35,7 @@ class GlobalMomentumLocal:
 
     def __init__(self, M, momentum: float, weight_decay: float, decay_mask):
         self.M, self.mu, self.lam, self.mask = M, float(momentum), float(weight_decay), decay_mask
+        self._decay = decay_mask * self.lam          # exactly lam or 0: same rounding as lam*(mask*L)
         xp = array_module(decay_mask)
         self._a, self._b = xp.empty_like(decay_mask), xp.empty_like(decay_mask)
 
@@ -44,8 +45,7 @@ class GlobalMomentumLocal:
     def step(self, L, g, m: int, lr: float) -> None:
         xp = array_module(L)
         a, b = self._a, self._b
-        xp.multiply(L, self.mask, out=a)      # a = eta*(lam*mask*L + g), from the old L
-        a *= self.lam
+        xp.multiply(L, self._decay, out=a)    # a = eta*(lam*mask*L + g), from the old L
         a += g
         a *= lr
         xp.multiply(self.M, self.mu, out=b)
@@ -79,6 +79,7 @@ class GLUPaper:
     def __init__(self, world_size: int, delay: int, divisor: float, weight_decay: float, decay_mask):
         self.N, self.k, self.C = int(world_size), int(delay), float(divisor)
         self.lam, self.mask = float(weight_decay), decay_mask
+        self._decay = decay_mask * self.lam
         xp = array_module(decay_mask)
         self.P = xp.zeros_like(decay_mask)
         self._a, self._b, self._c = (xp.empty_like(decay_mask) for _ in range(3))
@@ -99,8 +100,7 @@ class GLUPaper:
         b *= 0.5
         xp.divide(g, self.N, out=a)                       # a = 2*gbar
         a *= 2
-        xp.multiply(L, self.mask, out=c)
-        c *= self.lam
+        xp.multiply(L, self._decay, out=c)
         a += c
         a += b
         a *= -(lr * f)                                    # a = Delta
@@ -123,6 +123,7 @@ class PlainLocalSGD:
 
     def __init__(self, world_size: int, weight_decay: float, decay_mask):
         self.N, self.lam, self.mask = int(world_size), float(weight_decay), decay_mask
+        self._decay = decay_mask * self.lam
         xp = array_module(decay_mask)
         self._a, self._b = xp.empty_like(decay_mask), xp.empty_like(decay_mask)
 
@@ -132,8 +133,7 @@ class PlainLocalSGD:
     def step(self, L, g, m: int, lr: float) -> None:
         xp = array_module(L)
         a, b = self._a, self._b
-        xp.multiply(L, self.mask, out=a)
-        a *= self.lam
+        xp.multiply(L, self._decay, out=a)
         xp.divide(g, self.N, out=b)
         a += b
         a *= lr

@@ -283,9 +283,10 @@ def test_before_warmup_end_every_algorithm_is_ssgd(communicator, settings):
     T_w = 6
     x, y = dataset()
     weights = []
-    for s in (dict(algo="ssgd"), settings):
+    lr_settings = {k: v for k, v in settings.items() if k in ("lr_schedule", "lr_warmup_steps", "total_steps")}
+    for s in (dict(algo="ssgd", **lr_settings), settings):
         algo = build_algorithm(AlgoConfig(warmup_steps=T_w, lr=0.05, **s) if s["algo"] != "ssgd"
-                               else AlgoConfig(algo="ssgd", lr=0.05), tiny_mlp()(), communicator)
+                               else AlgoConfig(lr=0.05, **s), tiny_mlp()(), communicator)
         loader = Loader(x, y, B, rank, N, seed=3)
         losses = [algo.step(*loader.next_batch()) for _ in range(T_w)]
         weights.append((np.array(algo.global_weights()), losses, algo.s))
