@@ -22,7 +22,9 @@ Contract (the layers above code against it):
   operations in the same order), then run in the caller's thread.
 - Control helpers on ``.control`` (blocking, collective): ``check_agreement(signature)``,
   ``agree_error(exc)``, ``any_true(flag)``, ``allreduce_scalars(values, op)``,
-  ``gather_metrics(metrics, root)``.
+  ``gather_metrics(metrics, root)``. They use buffer calls only: mpi4py's pickle-based
+  lowercase collectives hold the GIL while blocked, which would freeze the communication
+  thread (a deadlock with bucketed requests) and the stall watchdog.
 - ``free()``: collective; finishes outstanding requests, stops helper threads, frees the
   duplicated communicators.
 
@@ -160,7 +162,7 @@ class Communicator:
         """Collective: every rank must pass an equal ``signature`` dict (flat-buffer length,
         dtype, algorithm settings, ...). On a mismatch every rank raises the same collective
         ``UserError`` naming the ranks that differ from rank 0 and the differing keys."""
-        signatures = self._control("allgather #{seq} (setup signature check)", self.control.allgather,
+        signatures = self._control("allgather #{seq} (setup signature check)", self._allgather_objects,
                                    dict(signature))
         message = signature_mismatch(signatures)
         if message:
@@ -173,14 +175,18 @@ class Communicator:
         if exc is not None:
             text = str(exc).strip()
             mine = text.splitlines()[0] if text else type(exc).__name__
-        message = first_error(self._control("allgather #{seq} (setup error agreement)", self.control.allgather, mine))
+        message = first_error(self._control("allgather #{seq} (setup error agreement)", self._allgather_objects, mine))
         if message is not None:
             raise UserError(message, collective=True) from exc
 
     def any_true(self, flag: bool) -> bool:
         """Collective: True on every rank when ``flag`` is true on any rank (e.g. a signal arrived)."""
-        return bool(self._control("allreduce #{seq} (any_true)", self.control.allreduce, bool(flag),
-                                  op=self.MPI.LOR))
+        import numpy as np
+
+        data = np.array([1 if flag else 0], dtype=np.int32)
+        self._control("Allreduce #{seq} (any_true)", self.control.Allreduce, self.MPI.IN_PLACE, data,
+                      op=self.MPI.MAX)
+        return bool(data[0])
 
     def allreduce_scalars(self, values: dict, op: str = "sum") -> dict:
         """Collective: ``{name: op over ranks of values[name]}`` in float64, same on every rank.
@@ -197,7 +203,38 @@ class Communicator:
 
     def gather_metrics(self, metrics: dict, root: int = 0):
         """Collective: ``root`` gets the list of every rank's ``metrics`` (by rank); others get None."""
-        return self._control("gather #{seq} (metrics)", self.control.gather, metrics, root=root)
+        return self._control("gather #{seq} (metrics)", self._gather_objects, metrics, root)
+
+    # mpi4py's pickle-based collectives (lowercase ``allgather``...) hold the GIL while they
+    # block, which would freeze the communication and watchdog threads; these send the pickles
+    # with buffer calls, which release it.
+    def _allgather_objects(self, obj) -> list:
+        return self._gather_objects(obj, None)
+
+    def _gather_objects(self, obj, root):
+        """Every rank's ``obj`` by rank, on ``root`` (None elsewhere), or on every rank if root is None."""
+        import pickle
+
+        import numpy as np
+
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        sizes = np.zeros(self.size, dtype=np.int64)
+        mine = np.array([data.size], dtype=np.int64)
+        if root is None:
+            self.control.Allgather(mine, sizes)
+        else:
+            self.control.Gather(mine, sizes, root=root)
+        if root is not None and self.rank != root:
+            self.control.Gatherv(data, None, root=root)
+            return None
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        everything = np.empty(int(sizes.sum()), dtype=np.uint8)
+        spec = [everything, (sizes, offsets), self.MPI.BYTE]
+        if root is None:
+            self.control.Allgatherv(data, spec)
+        else:
+            self.control.Gatherv(data, spec, root=root)
+        return [pickle.loads(everything[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
 
     # -- lifetime -------------------------------------------------------------------------
     def free(self) -> None:

@@ -241,3 +241,20 @@ def test_averaging_an_integer_buffer_is_refused(comm):
             c.allreduce_start(np.ones(4, dtype=np.int32))
     finally:
         c.free()
+
+
+def test_control_calls_in_flight_do_not_freeze_the_communication_thread(make_comm):
+    # Rank 0 makes a control call while its bucketed request is in flight; the others finish
+    # their request first. The request's later buckets need rank 0's communication thread,
+    # which must keep running while rank 0 blocks in the control call (GIL released).
+    c = make_comm(bucket_bytes=4096)
+    buf = rank_data(c.rank, 50_000)
+    if c.rank == 0:
+        handle = c.allreduce_start(buf)
+        flagged = c.any_true(False)
+        handle.wait()
+    else:
+        c.allreduce_start(buf).wait()
+        flagged = c.any_true(False)
+    assert flagged is False
+    np.testing.assert_allclose(buf, reference_mean(c.size, 50_000), rtol=1e-5, atol=1e-6)

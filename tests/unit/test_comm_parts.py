@@ -1,0 +1,86 @@
+"""Serial parts of the comm layer: signature comparison, error agreement, stats, transports."""
+
+import time
+
+import numpy as np
+import pytest
+
+from ssdmpi.comm.agreement import first_error, signature_mismatch
+from ssdmpi.comm.communicator import format_bytes
+from ssdmpi.comm.stats import KEYS, CommStats
+from ssdmpi.comm.transport import Transport, resolve_transport
+from ssdmpi.errors import UserError
+
+
+def test_equal_signatures_agree():
+    sig = {"flat_length": 1000, "dtype": "float32", "algo": "ssd"}
+    assert signature_mismatch([sig, dict(sig), dict(sig)]) is None
+
+
+def test_mismatch_names_ranks_keys_and_both_values():
+    base = {"flat_length": 1000, "dtype": "float32", "delay": 4}
+    odd = dict(base, flat_length=1001)
+    other = dict(base, delay=8, dtype="float64")
+    message = signature_mismatch([base, odd, dict(base), other, odd])
+    assert "ranks 1, 4 differ from rank 0 in flat_length: rank 0 has 1000, ranks 1, 4 1001" in message
+    assert "rank 3 differs from rank 0 in delay: rank 0 has 4, rank 3 8; dtype: rank 0 has 'float32'" in message
+    assert "rank 2" not in message
+
+
+def test_a_missing_key_is_a_mismatch():
+    message = signature_mismatch([{"a": 1, "b": 2}, {"a": 1}])
+    assert "b: rank 0 has 2, rank 1 (missing)" in message
+
+
+def test_first_error_names_the_lowest_failing_rank():
+    assert first_error([None, None]) is None
+    assert first_error(["bad flag"]) == "bad flag"
+    assert first_error([None, "no such file", "other"]) == "rank 1: no such file (and 1 other rank(s) failed too)"
+
+
+def test_stats_overlap_and_reset():
+    stats = CommStats()
+    assert stats.snapshot()["overlap"] == 0.0
+    stats.record(1000, inflight_s=2.0, wait_s=0.5, compute_s=1.5)
+    stats.record(1000, inflight_s=2.0, wait_s=0.5, compute_s=1.5)
+    snap = stats.snapshot_and_reset()
+    assert tuple(snap) == KEYS
+    assert snap["allreduce_count"] == 2 and snap["bytes_sent"] == 2000
+    assert snap["overlap"] == pytest.approx(0.75)
+    stats.record(10, inflight_s=1.0, wait_s=3.0, compute_s=0.0)   # waited longer than in flight: clipped
+    assert stats.snapshot()["overlap"] == 0.0
+
+
+def test_stats_record_is_cheap():
+    stats = CommStats()
+    start = time.perf_counter()
+    for _ in range(10_000):
+        stats.record(4, 1e-3, 1e-4, 1e-3)
+    assert (time.perf_counter() - start) / 10_000 < 20e-6
+
+
+def test_transport_resolution(monkeypatch):
+    monkeypatch.delenv("SSDMPI_TRANSPORT", raising=False)
+    assert resolve_transport("auto") == "host"
+    assert resolve_transport("cuda-aware") == "cuda-aware"
+    monkeypatch.setenv("SSDMPI_TRANSPORT", "cuda-aware")
+    assert resolve_transport("auto") == "cuda-aware"
+    assert resolve_transport("host") == "host"
+    monkeypatch.setenv("SSDMPI_TRANSPORT", "pcie")
+    with pytest.raises(UserError, match="SSDMPI_TRANSPORT"):
+        resolve_transport("auto")
+    with pytest.raises(UserError, match="unknown transport"):
+        resolve_transport("nvlink")
+
+
+def test_host_buffers_go_to_mpi_unchanged_without_synchronising():
+    calls = []
+    transport = Transport("host", synchronize=lambda: calls.append(1))
+    a = np.ones(3, dtype=np.float32)
+    assert transport.to_mpi(a) is a and not calls
+
+
+def test_format_bytes():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(4000) == "4.0 KB"
+    assert format_bytes(3_400_000) == "3.4 MB"
