@@ -27,7 +27,6 @@ import json
 import math
 import os
 import sys
-import time
 
 
 class MetricsLog:
@@ -64,19 +63,21 @@ def _clean(v):
 class Progress:
     """Rank 0's display: a tqdm bar on a terminal, plain lines otherwise (Slurm logs).
 
+    The bar goes to stderr (as tqdm's do); plain lines and messages to stdout (with a bar,
+    messages are written through tqdm so they do not break it).
+
     ``update(step, fields)`` moves the bar to ``step`` (or, without a bar, prints one line
     per call: the trainer calls it every ``--log-every`` steps). ``message(text)`` prints
     a line without breaking the bar. ``enabled=False`` (other ranks) makes all of it silent.
     """
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, bar: bool = True, stream=None):
-        self.enabled, self.total, self.stream = enabled, total, stream or sys.stderr
+        self.enabled, self.total, self.stream = enabled, total, stream or sys.stdout
         self._bar = None
-        self._start = time.monotonic()
-        if enabled and bar and _isatty(self.stream):
+        if enabled and bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, file=self.stream, unit="step",
+            self._bar = tqdm(total=total, initial=initial, file=sys.stderr, unit="step",
                              dynamic_ncols=True, leave=True)
 
     @property
@@ -104,7 +105,7 @@ class Progress:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.write(text, file=self.stream)
+            self._bar.write(text, file=sys.stderr)
         else:
             print(text, file=self.stream, flush=True)
 
@@ -141,13 +142,6 @@ def launcher_on_terminal(max_depth: int = 4) -> bool:
             return False
         pid = ppid
     return False
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def _fmt(key: str, v) -> str:

@@ -1,0 +1,244 @@
+"""``ssdmpi train``, ``eval`` and ``ckpt`` as a user runs them: real processes under mpiexec.
+
+The in-process MPI tests (tests/mpi/test_resume.py, test_train.py) pin down exact
+resume; these check what only a real command line shows: the README's first command,
+the progress display, exit codes of every rank, one-line errors, a signal from outside.
+"""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, mpiexec, run_cli
+
+SMALL = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
+         "--algo", "ssd", "--delay", "3", "--warmup-steps", "10", "--eval-every", "0", "--no-progress-bar"]
+
+
+def error_lines(result) -> list:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def assert_one_line_error(result, needle):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error: ") and needle in lines[0], lines
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.timeout(400)
+def test_readme_first_command_trains_the_default_dataset_to_90_percent_in_a_minute(tmp_path):
+    """``mpiexec -n 4 ssdmpi train``, no arguments, on a terminal (a pty): progress bar, summary."""
+    command = f"{shlex.quote(mpiexec())} -n 4 {shlex.quote(sys.executable)} -m ssdmpi train"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", COLUMNS="120")
+    result = subprocess.run(["script", "-qec", command, "/dev/null"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=360)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()             # runs/<timestamp>-ssd under the current directory
+    assert re.fullmatch(r"\d{8}-\d{6}-ssd", run_dir.name)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["dataset"] == "digits"
+    assert summary["test_acc"] >= 0.90, summary
+    assert summary["time"] < 60, f"training took {summary['time']:.1f} s (machine busy?)"
+    assert re.search(r"\d+%\|.*\| *\d+/\d+ \[", out), "no tqdm progress bar on the terminal"
+    assert "test accuracy (global model W):" in out and str(run_dir.name) in out
+    assert {"config.yaml", "metrics.jsonl", "summary.txt", "summary.json", "checkpoints"} <= set(os.listdir(run_dir))
+
+
+def test_without_a_terminal_progress_is_plain_lines(tmp_path):
+    result = run_cli(["train", "--run-dir", str(tmp_path / "run"), "--steps", "20", "--log-every", "10"] + SMALL,
+                     ranks=2)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines() + result.stderr.splitlines()
+    assert any(re.match(r"step +10/20  epoch 0\.\d+  stage ", line) for line in lines), lines
+    assert "\r" not in result.stdout + result.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    kinds = [m["kind"] for m in metrics]
+    assert kinds[0] == "start" and "step" in kinds and "checkpoint" in kinds and kinds[-1] == "eval"
+    step = [m for m in metrics if m["kind"] == "step"][-1]
+    for key in ("step", "epoch", "stage", "loss", "lr", "lr_local", "samples_per_s", "compute_s", "inflight_s",
+                "wait_s", "bytes_sent", "time"):
+        assert key in step, key
+    assert step["bytes_sent"] > 0 and step["stage"] == "delay"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--algo", "sgd"], "--algo 'sgd' is not one of"),
+    (["--lr=-1"], "--lr must be > 0"),
+    (["--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),
+    (["--dataset", "imagenet"], "imagenet"),
+    (["--model", "transformer"], "unknown model 'transformer'"),
+    (["--algo", "ssgd", "--delay", "3"], "--delay does not apply to --algo ssgd"),
+    (["--batch-size", "5000"], "fewer than one global batch"),
+    (["--resume", "auto"], "--resume auto needs --run-dir"),
+    (["--resume", "/nonexistent/ckpt.h5"], "does not exist"),
+    (["--run-dir", "/etc/hostname/run"], "cannot use run directory /etc/hostname/run"),
+    (["--run-dir", "/proc/ssdmpi-run"], "cannot use run directory /proc/ssdmpi-run"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    assert_one_line_error(run_cli(["train"] + args, ranks=2, timeout=120), needle)
+
+
+def test_unknown_yaml_key_is_one_line_error(tmp_path):
+    (tmp_path / "c.yaml").write_text("epochs: 3\nlearning-rate: 0.1\n")
+    assert_one_line_error(run_cli(["train", "--config", str(tmp_path / "c.yaml")]), "unknown setting 'learning-rate'")
+
+
+def test_a_fresh_run_refuses_an_existing_run_directory(tmp_path):
+    run = str(tmp_path / "run")
+    assert run_cli(["train", "--run-dir", run, "--steps", "5"] + SMALL).returncode == 0
+    assert_one_line_error(run_cli(["train", "--run-dir", run, "--steps", "5"] + SMALL),
+                          "already holds a run; continue it with --resume auto")
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    """A 2-rank run of 40 steps with checkpoints at 10, 20, 30, 40 (kept)."""
+    run = tmp_path_factory.mktemp("two") / "run"
+    result = run_cli(["train", "--run-dir", str(run), "--steps", "40", "--checkpoint-every", "10",
+                      "--keep-checkpoints", "0"] + SMALL, ranks=2)
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def test_checkpoint_from_another_world_size_or_model_is_refused(two_rank_run, tmp_path):
+    ckpt = str(two_rank_run / "checkpoints" / "ckpt-00000020.h5")
+    assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "a")], ranks=1),
+                          "written by 2 ranks but this job has 1; resume with mpiexec -n 2")
+    assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "b"), "--model",
+                                   "wide-mlp"], ranks=2), "trained with model='mlp'")
+    assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "c"), "--widths",
+                                   "64"], ranks=2), "trained with widths=[32]")
+
+
+def flip_byte_in(path: Path, dataset: str, at: int = 11):
+    with h5py.File(path, "r") as f:
+        offset = f[dataset].id.get_offset()
+    with open(path, "r+b") as f:
+        f.seek(offset + at)
+        b = f.read(1)
+        f.seek(offset + at)
+        f.write(bytes([b[0] ^ 0x80]))
+
+
+def test_resume_auto_skips_truncated_and_flipped_checkpoints(two_rank_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(two_rank_run, run)
+    with open(run / "checkpoints" / "ckpt-00000040.h5", "r+b") as f:
+        f.truncate(os.path.getsize(f.name) // 3)
+    flip_byte_in(run / "checkpoints" / "ckpt-00000030.h5", "rank_0001/algo/L")
+    verify = run_cli(["ckpt", "verify"] + sorted(str(p) for p in (run / "checkpoints").iterdir()))
+    assert verify.returncode == 2
+    assert verify.stdout.count(": ok") == 2 and verify.stdout.count("CORRUPT") == 2
+
+    result = run_cli(["train", "--run-dir", str(run), "--resume", "auto", "--steps", "50"] + SMALL, ranks=2)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: skipping corrupt")]
+    assert len(warnings) == 2 and "ckpt-00000040.h5" in warnings[0] and "ckpt-00000030.h5" in warnings[1]
+    assert "checksum mismatch" in warnings[1]
+    assert "resumed from" in result.stdout and "ckpt-00000020.h5 at step 20" in result.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["step"] == 50
+
+
+def test_ckpt_inspect_and_eval(two_rank_run):
+    ckpt = str(two_rank_run / "checkpoints" / "ckpt-00000040.h5")
+    inspect = run_cli(["ckpt", "inspect", ckpt])
+    assert inspect.returncode == 0
+    assert "step 40" in inspect.stdout and "world size 2" in inspect.stdout and "/rank_0001/algo/L" in inspect.stdout
+    meta = json.loads(run_cli(["ckpt", "inspect", "--json", str(two_rank_run)]).stdout)
+    assert meta["step"] == 40 and meta["config"]["widths"] == [32]
+
+    serial = json.loads(run_cli(["eval", "--checkpoint", ckpt, "--json"]).stdout)
+    sharded = run_cli(["eval", "--checkpoint", ckpt, "--json"], ranks=2)
+    assert sharded.returncode == 0, sharded.stderr
+    sharded = json.loads(sharded.stdout)      # rank 0 alone prints
+    assert serial["samples"] == sharded["samples"] == 360
+    assert serial["test_acc"] == sharded["test_acc"]
+    assert sharded["test_loss"] == pytest.approx(serial["test_loss"], rel=1e-6)
+    # the same number the trainer logged for its final evaluation
+    final = json.loads((two_rank_run / "summary.json").read_text())
+    assert final["test_acc"] == serial["test_acc"]
+    assert_one_line_error(run_cli(["eval", "--checkpoint", "/nonexistent.h5"]), "does not exist")
+
+
+def rank_pids(launcher_pid: int, timeout: float = 60) -> dict:
+    """``{rank: pid}`` of the python processes an mpiexec started (found through /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+                with open(f"/proc/{entry}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue
+            if name.startswith("python") and env.get(b"SSDMPI_TEST_TAG") == str(launcher_pid).encode() \
+                    and b"PMI_RANK" in env:
+                found[int(env[b"PMI_RANK"])] = int(entry)
+        if len(found) == 2:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("could not find the ranks' processes")
+
+
+@pytest.mark.timeout(300)
+def test_sigusr1_from_outside_to_one_rank_exits_85_on_every_rank(tmp_path):
+    run = tmp_path / "run"
+    codes = tmp_path / "codes"
+    args = ["train", "--run-dir", str(run), "--steps", "3000", "--log-every", "2"] + SMALL
+    # Each rank runs under a tiny shell that records its own exit code.
+    inner = f"{shlex.quote(sys.executable)} -m ssdmpi {' '.join(map(shlex.quote, args))}; " \
+            f"rc=$?; echo \"$PMI_RANK $rc\" >> {shlex.quote(str(codes))}; exit $rc"
+    tag = str(os.getpid())
+    env = dict(os.environ, OMP_NUM_THREADS="1", SSDMPI_TEST_TAG=tag)
+    proc = subprocess.Popen([mpiexec(), "-n", "2", "sh", "-c", inner], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = rank_pids(int(tag))
+        metrics = run / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and '"stage": "delay"' in metrics.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "never reached the delay stage"
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGUSR1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 85, err
+    assert sorted(codes.read_text().split("\n")[:-1]) == ["0 85", "1 85"]
+    assert "stopped at step" in out and "SIGUSR1/SIGTERM" in out and "--resume auto" in out
+    (stop,) = [json.loads(line) for line in metrics.read_text().splitlines() if '"kind": "stop"' in line]
+    assert stop["step"] < 3000 and stop["exit_code"] == 85
+    ckpt = run / "checkpoints" / f"ckpt-{stop['step']:08d}.h5"
+    with h5py.File(ckpt, "r") as f:
+        assert f.attrs["stage"] == "delay" and f.attrs["reason"] == "signal"
+
+
+def test_divergence_is_one_line_with_exit_3(two_rank_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(two_rank_run, run)
+    result = run_cli(["train", "--run-dir", str(run), "--resume", "auto", "--lr", "1e30", "--steps", "80"], ranks=2)
+    assert result.returncode == 3
+    lines = error_lines(result)
+    assert len(lines) == 1 and "training diverged" in lines[0] and "ckpt-00000040.h5" in lines[0], lines
