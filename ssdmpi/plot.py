@@ -53,6 +53,9 @@ FIELDS = {
 }
 
 
+WARMUP_STAGES = ("warmup", "warm-up", "switch")
+
+
 def get(record: dict, name: str, default=None):
     """The value of canonical field ``name`` in ``record`` (see ``FIELDS``), or ``default``."""
     for key in FIELDS.get(name, (name,)):
@@ -146,17 +149,19 @@ class Run:
                 ys.append(b)
         return xs, ys
 
+    def steady_steps(self) -> list:
+        """Step records past the SSGD warm-up (all of them when every record is warm-up, as
+        for ``ssgd``, which is warm-up forever)."""
+        steady = [r for r in self.steps if str(get(r, "stage", "")).lower() not in WARMUP_STAGES]
+        return steady or self.steps
+
     def median(self, name: str, skip_warmup: bool = True):
         """Median of a step field, over delay-stage steps when any are logged (None if absent).
 
         The warm-up is SSGD for every algorithm, so steady-state numbers skip it when the
         records say which stage they are in.
         """
-        records = self.steps
-        if skip_warmup:
-            steady = [r for r in records if str(get(r, "stage", "")).lower() not in ("warmup", "warm-up", "switch")]
-            if steady:
-                records = steady
+        records = self.steady_steps() if skip_warmup else self.steps
         values = [v for v in (_num(get(r, name)) for r in records) if v is not None]
         return statistics.median(values) if values else None
 

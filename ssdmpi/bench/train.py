@@ -163,12 +163,13 @@ def _per_step_means(run):
 
     totals = {"compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
     seen = {name: False for name in totals}
-    steps, prev = 0, None
+    steady = {id(r) for r in run.steady_steps()}
+    steps, prev = 0, 0.0   # the first record covers the steps since the start
     for r in run.steps:
         step = _num(get(r, "step"))
         n = step - prev if (step is not None and prev is not None) else None
         prev = step if step is not None else prev
-        if n is None or n <= 0 or str(get(r, "stage", "")).lower() in ("warmup", "warm-up", "switch"):
+        if n is None or n <= 0 or id(r) not in steady:
             continue
         steps += n
         for name in totals:
@@ -184,8 +185,7 @@ def _per_step_means(run):
 def _harmonic_mean_sps(run):
     from ssdmpi.plot import _num, get
 
-    records = [r for r in run.steps if str(get(r, "stage", "")).lower() not in ("warmup", "warm-up", "switch")]
-    values = [v for v in (_num(get(r, "samples_per_s")) for r in (records or run.steps)) if v and v > 0]
+    values = [v for v in (_num(get(r, "samples_per_s")) for r in run.steady_steps()) if v and v > 0]
     if values:
         return len(values) / sum(1.0 / v for v in values)
     return _num(get(run.summary, "samples_per_s"))

@@ -117,6 +117,19 @@ def test_per_step_means_weight_each_record_by_the_steps_it_covers(tmp_path):
     assert m["wall_s"] == 5.0 and m["final_acc"] == 0.5
 
 
+def test_ssgd_is_warm_up_forever_so_all_its_records_count(tmp_path):
+    from ssdmpi.bench.train import run_metrics
+    from ssdmpi.plot import load_run
+
+    run_dir = tmp_path / "ssgd"
+    run_dir.mkdir()
+    records = [{"kind": "step", "step": s, "stage": "warmup", "compute_s": 0.01 * s, "samples_per_s": 100}
+               for s in (10, 20)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    m = run_metrics(load_run(run_dir))
+    assert m["compute_s"] == pytest.approx(0.15) and m["samples_per_s"] == pytest.approx(100)
+
+
 def test_a_failed_variant_is_reported_in_the_table_and_exits_1(tmp_path):
     from ssdmpi.bench.train import markdown_table, parse_variant, summarise
 
