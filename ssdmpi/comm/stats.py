@@ -10,7 +10,8 @@ which returns a dict with exactly these keys (all per rank, summed over the inte
                      puts about ``2 (N-1)/N`` times this on the wire per rank)
 ``inflight_s``       time from posting each allreduce to its observed completion
 ``wait_s``           exposed time: the caller blocked inside ``allreduce_start`` (blocking
-                     strategy, GPU staging copies) or ``wait()``
+                     strategy, GPU staging copies), ``wait()``, or ``progress()`` (test
+                     strategy: the data moves during those calls, on the caller's time)
 ``compute_s``        time the caller spent elsewhere between ``allreduce_start`` returning
                      and calling ``wait()`` (its compute while the request was in flight)
 ``overlap``          hidden fraction of the communication: ``1 - wait_s / inflight_s``,
@@ -54,6 +55,10 @@ class CommStats:
         self.inflight_s += inflight_s
         self.wait_s += wait_s
         self.compute_s += compute_s
+
+    def add_exposed(self, seconds: float) -> None:
+        """Add communication time the caller spent outside ``wait`` (``progress()`` calls)."""
+        self.wait_s += seconds
 
     def snapshot(self) -> dict:
         """The totals so far as a dict with the documented ``KEYS``."""

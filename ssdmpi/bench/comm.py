@@ -1,0 +1,248 @@
+"""``ssdmpi bench comm``: the Communicator against raw mpi4py, and overlap per progress strategy.
+
+Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K 64K 4M ...] [--repeats N] [--json]``.
+
+(a) **bandwidth**: on the same float32 buffer, interleaved in rotating order with a barrier
+    before each sample, ``raw`` = ``comm.Allreduce(IN_PLACE, buf, SUM)``; ``sum`` =
+    ``Communicator.allreduce(buf, average=False)`` (the same operation through ssdmpi); ``mean``
+    = ``Communicator.allreduce_mean(buf)`` (plus the division by the rank count). Reported:
+    the median time per rank (the slowest rank's median), algorithm bandwidth ``bytes / time``
+    in GB/s, and ``raw_time / time`` (1.0 = as fast as raw mpi4py).
+(b) **overlap**: ``allreduce_start`` of an ``--overlap-size`` buffer, then compute sized to
+    ``--compute-ratio`` times the allreduce time, then ``wait``; per strategy, interleaved, for
+    CPU-bound compute (NumPy float32 matmuls) and idle compute (``time.sleep``, standing in for
+    GPU work). The compute is cut into 10 pieces with ``Communicator.progress()`` between them
+    (as a trainer calls it between layers). ``overlap = (t_comm + t_compute - t_total) / t_comm``
+    (1.0: the allreduce was fully hidden), median over repeats, the worst rank's. ``stats``
+    is what the Communicator's own instrumentation reported (``1 - wait_s / inflight_s``).
+
+Measured on the 2-core development machine (shared with other jobs; OMP_NUM_THREADS=1),
+MPICH 5.0.2 wheel, mpi4py 4.1, 2 ranks:
+
+    mpiexec -n 2 ssdmpi bench comm --repeats 15        (see the results below)
+
+MEASUREMENTS_PLACEHOLDER
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+SIZE_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
+
+
+def parse_size(text: str) -> int:
+    """``"4M"`` -> 4194304 bytes (K, M, G are powers of 1024; a plain number is bytes)."""
+    from ssdmpi.errors import UserError
+
+    t = text.strip().upper().removesuffix("B")
+    scale = SIZE_SUFFIXES.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in SIZE_SUFFIXES else t
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise UserError(f"cannot read size {text!r}; write e.g. 1K, 64K, 4M") from None
+    if value < 4:
+        raise UserError(f"size {text!r} is below one float32 element")
+    return value
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), metavar="SIZE",
+                        help="buffer sizes for the bandwidth part (default: 1K to 64M by 4x)")
+    parser.add_argument("--repeats", type=int, default=15, help="samples per variant and size (default 15)")
+    parser.add_argument("--parts", nargs="+", choices=("bandwidth", "overlap"), default=["bandwidth", "overlap"],
+                        help="which parts to run (default: both)")
+    parser.add_argument("--overlap-size", default="16M", help="buffer size for the overlap part (default 16M)")
+    parser.add_argument("--compute-ratio", type=float, default=1.2,
+                        help="compute time as a multiple of the allreduce time in the overlap part (default 1.2)")
+    parser.add_argument("--strategies", nargs="+", choices=("blocking", "test", "thread"),
+                        default=["blocking", "test", "thread"], help="progress strategies to compare")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+
+
+def _median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def bandwidth(world, sizes, repeats: int) -> list:
+    """Part (a): one row per size with the slowest rank's median seconds per variant."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from ssdmpi.comm.communicator import Communicator
+
+    raw_comm = world.Dup()
+    comm = Communicator(world, progress="blocking")
+    rows = []
+    try:
+        for nbytes in sizes:
+            buf = np.zeros(nbytes // 4, dtype=np.float32)
+            inner = max(1, min(200, (1 << 21) // nbytes))      # small sizes: time batches, not one call
+            variants = {
+                "raw": lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                "sum": lambda: comm.allreduce(buf, average=False),
+                "mean": lambda: comm.allreduce_mean(buf),
+            }
+            names = list(variants)
+            samples = {name: [] for name in names}
+            for name in names:        # warm up each path once
+                variants[name]()
+            for rep in range(repeats):
+                for name in names[rep % 3:] + names[:rep % 3]:
+                    world.Barrier()
+                    start = time.perf_counter()
+                    for _ in range(inner):
+                        variants[name]()
+                    samples[name].append((time.perf_counter() - start) / inner)
+            medians = np.array([_median(samples[n]) for n in names])
+            world.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
+            row = {"bytes": nbytes}
+            for name, t in zip(names, medians):
+                row[f"{name}_s"] = float(t)
+                row[f"{name}_GBps"] = nbytes / t / 1e9
+            row["sum_vs_raw"] = row["raw_s"] / row["sum_s"]
+            row["mean_vs_raw"] = row["raw_s"] / row["mean_s"]
+            rows.append(row)
+    finally:
+        comm.free()
+        raw_comm.Free()
+    return rows
+
+
+def _matmul_work(seconds: float):
+    """A list of 10 callables of NumPy matmul work totalling about ``seconds``."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((192, 192)).astype(np.float32)
+    out = np.empty_like(a)
+    start = time.perf_counter()
+    for _ in range(20):
+        np.matmul(a, a, out=out)
+    one = (time.perf_counter() - start) / 20
+    per_piece = max(1, round(seconds / 10 / one))
+
+    def piece():
+        for _ in range(per_piece):
+            np.matmul(a, a, out=out)
+    return [piece] * 10
+
+
+def _sleep_work(seconds: float):
+    return [lambda: time.sleep(seconds / 10)] * 10
+
+
+def overlap(world, nbytes: int, repeats: int, strategies, ratio: float) -> list:
+    """Part (b): one row per (compute kind, strategy)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from ssdmpi.comm.communicator import Communicator
+
+    comms = {s: Communicator(world, progress=s) for s in strategies}
+    baseline = Communicator(world, progress="blocking")
+    buf = np.ones(nbytes // 4, dtype=np.float32)
+    rows = []
+    try:
+        comm_alone = []
+        for _ in range(max(5, repeats // 2)):
+            world.Barrier()
+            start = time.perf_counter()
+            baseline.allreduce_mean(buf)
+            comm_alone.append(time.perf_counter() - start)
+        t_comm = np.array([_median(comm_alone)])
+        world.Allreduce(MPI.IN_PLACE, t_comm, op=MPI.MAX)     # every rank sizes the same compute
+        t_comm = float(t_comm[0])
+        for kind, make in (("cpu-bound (matmul)", _matmul_work), ("idle (sleep)", _sleep_work)):
+            work = make(ratio * t_comm)
+            alone, totals, comm_only = [], {s: [] for s in strategies}, []
+            for s in strategies:
+                comms[s].stats.reset()
+            for rep in range(repeats):
+                world.Barrier()
+                start = time.perf_counter()
+                for piece in work:
+                    piece()
+                alone.append(time.perf_counter() - start)
+                world.Barrier()
+                start = time.perf_counter()
+                baseline.allreduce_mean(buf)
+                comm_only.append(time.perf_counter() - start)
+                order = strategies[rep % len(strategies):] + strategies[:rep % len(strategies)]
+                for s in order:
+                    c = comms[s]
+                    world.Barrier()
+                    start = time.perf_counter()
+                    handle = c.allreduce_start(buf)
+                    for piece in work:
+                        piece()
+                        c.progress()
+                    handle.wait()
+                    totals[s].append(time.perf_counter() - start)
+            t_compute, t_comm_k = _median(alone), _median(comm_only)
+            for s in strategies:
+                stats = comms[s].stats.snapshot_and_reset()
+                mine = np.array([_median([(t_comm_k + t_compute - t) / t_comm_k for t in totals[s]]),
+                                 stats["overlap"]])
+                world.Allreduce(MPI.IN_PLACE, mine, op=MPI.MIN)
+                rows.append({"compute": kind, "strategy": s, "bytes": nbytes, "comm_s": t_comm_k,
+                             "compute_s": t_compute, "total_s": _median(totals[s]),
+                             "overlap": float(mine[0]), "stats_overlap": float(mine[1])})
+    finally:
+        for c in comms.values():
+            c.free()
+        baseline.free()
+    return rows
+
+
+def _print_tables(result: dict) -> None:
+    print(f"ssdmpi bench comm: {result['ranks']} ranks, {result['mpi']}")
+    if result.get("bandwidth"):
+        print("\n(a) allreduce, median of the slowest rank; ratio = raw time / time (1.0 = raw mpi4py)")
+        print(f"{'size':>8} {'raw GB/s':>9} {'sum GB/s':>9} {'sum/raw':>8} {'mean GB/s':>10} {'mean/raw':>9}")
+        for r in result["bandwidth"]:
+            print(f"{_size_name(r['bytes']):>8} {r['raw_GBps']:9.3f} {r['sum_GBps']:9.3f} {r['sum_vs_raw']:8.3f} "
+                  f"{r['mean_GBps']:10.3f} {r['mean_vs_raw']:9.3f}")
+    if result.get("overlap"):
+        print("\n(b) overlap of allreduce_start + compute + wait; overlap = (t_comm + t_compute - t_total) / t_comm")
+        print(f"{'compute':>20} {'strategy':>9} {'comm ms':>8} {'compute ms':>11} {'total ms':>9} "
+              f"{'overlap':>8} {'stats':>6}")
+        for r in result["overlap"]:
+            print(f"{r['compute']:>20} {r['strategy']:>9} {r['comm_s'] * 1e3:8.1f} {r['compute_s'] * 1e3:11.1f} "
+                  f"{r['total_s'] * 1e3:9.1f} {r['overlap'] * 100:7.0f}% {r['stats_overlap'] * 100:5.0f}%")
+
+
+def _size_name(nbytes: int) -> str:
+    for suffix in ("G", "M", "K"):
+        if nbytes >= SIZE_SUFFIXES[suffix] and nbytes % SIZE_SUFFIXES[suffix] == 0:
+            return f"{nbytes // SIZE_SUFFIXES[suffix]}{suffix}"
+    return str(nbytes)
+
+
+def run(args) -> int:
+    from mpi4py import MPI
+
+    from ssdmpi.errors import UserError
+
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    sizes = [parse_size(s) for s in args.sizes]
+    world = MPI.COMM_WORLD
+    result = {"ranks": world.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+    if world.Get_size() < 2 and world.Get_rank() == 0 and not args.json:
+        print("note: one rank measures no communication; run under mpiexec -n 2")
+    if "bandwidth" in args.parts:
+        result["bandwidth"] = bandwidth(world, sizes, args.repeats)
+    if "overlap" in args.parts:
+        result["overlap"] = overlap(world, parse_size(args.overlap_size), args.repeats, list(args.strategies),
+                                    args.compute_ratio)
+    if world.Get_rank() == 0:
+        if args.json:
+            print(json.dumps(result, indent=1))
+        else:
+            _print_tables(result)
+    return 0
