@@ -305,7 +305,7 @@ def _loss_figure(plt, runs, prefix=""):
         plt.close(fig)
         return None
     left.set_xlabel("step")
-    left.set_ylabel("training loss (this rank's batch)")
+    left.set_ylabel("training loss (mean over ranks and log interval)")
     left.set_title(prefix + "Training loss")
     right.set_xlabel("epoch")
     right.set_ylabel("test loss of global model W")

@@ -136,10 +136,42 @@ def check_network(net: str) -> None:
                         "or use --net none")
 
 
+def subset_path(args) -> Path:
+    """Where ``--train-subset N`` keeps its HDF5 file: ``OUT/data/DATASET-trainN.h5``."""
+    return Path(args.out) / "data" / f"{args.dataset}-train{args.train_subset}.h5"
+
+
+def write_subset(args) -> Path:
+    """The first ``--train-subset`` training images of ``--dataset`` and its whole test split,
+    as an HDF5 dataset (``ssdmpi/data/hdf5.py`` layout); reused when it already exists.
+
+    Short epochs keep a benchmark short while evaluating every epoch on the full test split,
+    so time-to-accuracy has several points.
+    """
+    import dataclasses
+
+    from ssdmpi.data.datasets import load_raw
+    from ssdmpi.data.hdf5 import write_hdf5
+
+    path = subset_path(args)
+    if path.exists():
+        return path
+    raw = load_raw(args.dataset)
+    n = args.train_subset
+    if n > len(raw.train_labels):
+        raise UserError(f"--train-subset {n} exceeds the {len(raw.train_labels)} training images of {args.dataset}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_hdf5(str(path), dataclasses.replace(raw, name=f"{raw.name}-train{n}", train_images=raw.train_images[:n],
+                                              train_labels=raw.train_labels[:n]))
+    return path
+
+
 def launch_command(variant: Variant, run_dir: Path, args) -> list:
     """The argv of one run (see the module docstring)."""
+    data = ["--dataset", args.dataset] if not args.train_subset else \
+        ["--dataset", "hdf5", "--data-path", str(subset_path(args))]
     train = [sys.executable, "-m", "ssdmpi", "train", "--run-dir", str(run_dir),
-             "--dataset", args.dataset, "--model", args.model, "--batch-size", str(args.batch_size),
+             *data, "--model", args.model, "--batch-size", str(args.batch_size),
              "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--seed", str(args.seed),
              "--no-progress-bar"]
     train += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs)]
@@ -322,6 +354,9 @@ def add_arguments(parser) -> None:
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
                              "ssd:step:K, localsgd:K")
     parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--train-subset", type=int, default=None, metavar="N",
+                        help="train on the first N training images only (written once to OUT/data/ as HDF5; "
+                             "the whole test split is kept), for short epochs")
     parser.add_argument("--model", default="wide-mlp")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=None, help="iterations per run (overrides --epochs)")
@@ -346,6 +381,8 @@ def _validate(args) -> list:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
         raise UserError("--epochs and --steps must be positive")
+    if args.train_subset is not None and args.train_subset < 1:
+        raise UserError(f"--train-subset must be a positive number of images, got {args.train_subset}")
     if args.timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {args.timeout}")
     if not args.net or (args.net != "none" and not args.net[0].isdigit()):
@@ -376,6 +413,8 @@ def run(args) -> int:
         if existing:
             raise UserError(f"{existing[0]} already exists; choose a new --out, remove it, or pass --reuse")
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    if args.train_subset and not args.reuse:
+        write_subset(args)
 
     from ssdmpi.plot import load_run, make_figures
 
@@ -412,7 +451,8 @@ def run(args) -> int:
 
     rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
     md, text_csv = markdown_table(rows), csv_table(rows)
-    header = (f"<!-- ssdmpi bench train: {args.model} on {args.dataset}, {args.ranks} ranks, net {args.net}, "
+    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
+    header = (f"<!-- ssdmpi bench train: {args.model} on {dataset}, {args.ranks} ranks, net {args.net}, "
               f"batch {args.batch_size}/rank, lr {args.lr}, "
               f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps} -->\n")
     _write_new(out / "results.md", header + md)

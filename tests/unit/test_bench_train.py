@@ -45,6 +45,23 @@ def test_dry_run_prints_throttled_mpiexec_commands(tmp_path):
     assert not (tmp_path / "b").exists()   # a dry run writes nothing
 
 
+def test_train_subset_writes_a_small_hdf5_dataset_with_the_whole_test_split(tmp_path):
+    import argparse
+
+    from ssdmpi.bench.train import launch_command, parse_variant, write_subset
+    from ssdmpi.data.datasets import load_raw
+
+    args = argparse.Namespace(out=str(tmp_path), dataset="digits", train_subset=100, model="mlp", batch_size=8,
+                              lr=0.1, warmup_steps=5, seed=0, steps=None, epochs=2, train_args="", ranks=2,
+                              net="none")
+    path = write_subset(args)
+    full, subset = load_raw("digits"), load_raw("hdf5", str(path))
+    assert len(subset.train_labels) == 100 and (subset.train_images == full.train_images[:100]).all()
+    assert (subset.test_labels == full.test_labels).all()
+    cmd = launch_command(parse_variant("ssgd"), tmp_path / "runs" / "ssgd", args)
+    assert cmd[cmd.index("--dataset") + 1] == "hdf5" and cmd[cmd.index("--data-path") + 1] == str(path)
+
+
 def test_net_none_runs_plain_mpiexec(tmp_path):
     result = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd", "--net", "none",
                       "--dry-run", "--ranks", "4"])
@@ -155,6 +172,7 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     (["--repeats", "0"], "--repeats"),
     (["--net", "fast"], "--net"),
     (["--train-args", "'unclosed"], "--train-args"),
+    (["--train-subset", "0"], "--train-subset"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, flags, message):
     result = run_cli(["bench", "train", "--out", str(tmp_path / "o"), "--dry-run", *flags])
