@@ -17,6 +17,7 @@ Every job runs with small settings passed through the templates' own variables
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -189,14 +190,27 @@ def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, tra
 
 
 def test_bench_job_leaves_tables_in_its_run_directory(slurm_cluster, trainer, tmp_path):
-    bench_args = ("--net none --variants ssgd,ssd:step:2 --dataset digits --model mlp --steps 40 "
-                  "--batch-size 16 --warmup-steps 10")
-    job = slurm_cluster.sbatch(JOBS / "bench.sbatch", cwd=tmp_path, env={"BENCH_TRAIN_ARGS": bench_args})
+    """engine (if PyTorch, its peer, is installed), model and train, each with tiny settings."""
+    env = {"BENCHES": "model train",
+           "BENCH_MODEL_ARGS": "--net none --model mlp --batch-size 16 --fit-sizes 0.1,0.4 --check-sizes 0.2 "
+                               "--patterns ssgd,step",
+           "BENCH_TRAIN_ARGS": "--net none --variants ssgd,ssd:step:2 --dataset digits --model mlp --steps 40 "
+                               "--batch-size 16 --warmup-steps 10"}
+    engine = importlib.util.find_spec("torch") is not None
+    if engine:
+        env.update(BENCHES="engine model train", BENCH_ENGINE_ARGS="--repeats 3 --no-memory")
+    job = slurm_cluster.sbatch(JOBS / "bench.sbatch", cwd=tmp_path, env=env)
     out = tmp_path / f"ssdmpi-bench-{job}.out"
-    (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
     run_dir = tmp_path / "runs" / f"ssdmpi-bench-{job}"
-    why = slurm_cluster.explain(job, [out, run_dir / "train.log"])
+    (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
+    why = slurm_cluster.explain(job, [out] + sorted(run_dir.glob("*.log")))
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", why
+
+    if engine:
+        assert "ratio ssdmpi/torch" in (run_dir / "engine.txt").read_text(), why
+    model = json.loads((run_dir / "model.json").read_text())
+    assert model, "bench model wrote an empty JSON file"
+    assert "|" in (run_dir / "model.txt").read_text()             # its tables
     table = (run_dir / "train" / "results.md").read_text()
     rows = (run_dir / "train" / "results.csv").read_text().splitlines()
     assert "ssgd" in table and "ssd-step-k2" in table, table
