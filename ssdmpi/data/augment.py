@@ -90,7 +90,8 @@ def parse_augment(spec, seed: int | None = None) -> Augment | None:
         elif token.startswith("crop"):
             value = token[4:].lstrip("=") or "4"
             if not value.isdigit():
-                raise UserError(f"bad augmentation '{token}' in '{spec}': use cropN with N pixels of padding, e.g. crop4")
+                raise UserError(f"bad augmentation '{token}' in '{spec}': "
+                                "use cropN with N pixels of padding, e.g. crop4")
             pad = int(value)
         else:
             raise UserError(f"unknown augmentation '{token}' in '{spec}'; use crop4, flip or crop4,flip")

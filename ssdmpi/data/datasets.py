@@ -341,17 +341,19 @@ def normalise(raw: RawSplits) -> Dataset:
     a = (scale / std).astype(np.float32).reshape(1, -1, 1, 1)
     b = (mean / std).astype(np.float32).reshape(1, -1, 1, 1)
     # uint8 pixels take one of 256 values: a per-channel lookup table, computed in float64
-    # and rounded once, is both exact and the fastest pass (~3x a multiply-subtract).
+    # and rounded once, is exact and the fastest pass; chunks keep the index temporaries in cache.
     luts = ((np.arange(256.0)[None, :] * scale - mean[:, None]) / std[:, None]).astype(np.float32)
 
     def apply(images):
-        if images.dtype == np.uint8:
-            x = np.empty(images.shape, dtype=np.float32)
-            for c in range(images.shape[1]):
-                x[:, c] = luts[c][images[:, c]]
-        else:
-            x = np.multiply(images, a, dtype=np.float32)
-            x -= b
+        x = np.empty(images.shape, dtype=np.float32)
+        for start in range(0, len(images), 512):
+            rows = slice(start, start + 512)
+            if images.dtype == np.uint8:
+                for c in range(images.shape[1]):
+                    np.take(luts[c], images[rows, c], out=x[rows, c])
+            else:
+                np.multiply(images[rows], a, out=x[rows], casting="unsafe")
+                x[rows] -= b
         x.flags.writeable = False
         return x
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from ssdmpi.data import cifar, datasets, idx, load_dataset
-from ssdmpi.errors import UserError
 from tests.conftest import run_cli
 
 FASHION = "/usr/share/datasets/fashion-mnist"
