@@ -29,24 +29,18 @@ from __future__ import annotations
 import json
 import time
 
-SIZE_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+from ssdmpi.comm.options import SIZE_SUFFIXES, parse_size
+
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
 
 
-def parse_size(text: str) -> int:
-    """``"4M"`` -> 4194304 bytes (K, M, G are powers of 1024; a plain number is bytes)."""
+def _sizes(texts) -> list:
     from ssdmpi.errors import UserError
 
-    t = text.strip().upper().removesuffix("B")
-    scale = SIZE_SUFFIXES.get(t[-1:], 1)
-    number = t[:-1] if t[-1:] in SIZE_SUFFIXES else t
-    try:
-        value = int(float(number) * scale)
-    except ValueError:
-        raise UserError(f"cannot read size {text!r}; write e.g. 1K, 64K, 4M") from None
-    if value < 4:
-        raise UserError(f"size {text!r} is below one float32 element")
-    return value
+    sizes = [parse_size(t) for t in texts]
+    if any(s < 4 for s in sizes):
+        raise UserError("every size must hold at least one float32 (4 bytes)")
+    return sizes
 
 
 def add_arguments(parser) -> None:
@@ -230,7 +224,7 @@ def run(args) -> int:
 
     if args.repeats < 1:
         raise UserError("--repeats must be at least 1")
-    sizes = [parse_size(s) for s in args.sizes]
+    sizes = _sizes(args.sizes)
     world = MPI.COMM_WORLD
     result = {"ranks": world.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0].strip()}
     if world.Get_size() < 2 and world.Get_rank() == 0 and not args.json:
@@ -238,7 +232,7 @@ def run(args) -> int:
     if "bandwidth" in args.parts:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
     if "overlap" in args.parts:
-        result["overlap"] = overlap(world, parse_size(args.overlap_size), args.repeats, list(args.strategies),
+        result["overlap"] = overlap(world, _sizes([args.overlap_size])[0], args.repeats, list(args.strategies),
                                     args.compute_ratio)
     if world.Get_rank() == 0:
         if args.json:

@@ -1,0 +1,28 @@
+"""``ssdmpi bench comm`` runs end to end at 2 ranks and reports what its docstring promises."""
+
+import json
+
+from tests.conftest import run_cli
+
+
+def test_bench_comm_json_at_two_ranks():
+    proc = run_cli(["bench", "comm", "--sizes", "4K", "256K", "--repeats", "3", "--overlap-size", "256K",
+                    "--json"], ranks=2, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ranks"] == 2
+    assert [row["bytes"] for row in result["bandwidth"]] == [4096, 256 << 10]
+    for row in result["bandwidth"]:
+        for name in ("raw", "sum", "mean"):
+            assert row[f"{name}_s"] > 0 and row[f"{name}_GBps"] > 0
+        assert row["sum_vs_raw"] > 0
+    pairs = {(row["compute"], row["strategy"]) for row in result["overlap"]}
+    assert pairs == {(c, s) for c in ("cpu-bound (matmul)", "idle (sleep)") for s in ("blocking", "test", "thread")}
+    for row in result["overlap"]:
+        assert row["comm_s"] > 0 and row["total_s"] > 0 and -10 < row["overlap"] <= 1.5
+
+
+def test_bench_comm_rejects_a_bad_size():
+    proc = run_cli(["bench", "comm", "--sizes", "lots"])
+    assert proc.returncode == 2
+    assert "cannot read size 'lots'" in proc.stderr
