@@ -36,3 +36,15 @@ def test_train_and_sweep_share_one_launch_block():
         text = (JOBS / name).read_text()
         return text[text.index('case "$LAUNCHER" in'):]
     assert block("train.sbatch") == block("sweep.sbatch")
+
+
+def test_cluster_fixture_says_why_it_cannot_start(monkeypatch):
+    """Without root or without the packages the Slurm tests skip, naming the reason."""
+    from tests.slurm import conftest
+
+    monkeypatch.setattr(conftest.os, "geteuid", lambda: 1000)
+    assert "needs root" in conftest._missing()
+    monkeypatch.setattr(conftest.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(conftest.shutil, "which", lambda name, path=None: None if name == "slurmd" else "/x")
+    reason = conftest._missing()
+    assert "missing slurmd" in reason and "apt-get install slurm-wlm munge" in reason
