@@ -1,43 +1,81 @@
 """A model: a sequence of layers over two flat buffers (parameters, gradients).
 
 ``Model.params`` and ``Model.grads`` are the flat buffers (see ``flat.py``); every
-layer's tensors are views into them. ``loss_and_grad`` runs forward and backward
-and leaves the MEAN gradient over the batch in ``grads``.
+layer's tensors are views into them, packed in the order of a depth-first walk
+of the layer tree (each layer's own tensors, then its children's). Tensor names
+are dotted paths, e.g. ``layer2.0.conv1.weight``.
+
+``loss_and_grad`` runs forward and backward and leaves the MEAN gradient over the
+batch in ``grads`` (overwritten, never accumulated).
+
+State that is not a parameter -- BatchNorm running statistics and each Dropout
+layer's RNG state -- is exported by ``buffers()`` and restored by
+``load_buffers()``; together with ``params`` that is everything a checkpoint
+needs for a bit-for-bit resume.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 
 from ssdmpi.nn.flat import FlatParams
 from ssdmpi.nn.loss import cross_entropy_sum_and_correct, softmax_cross_entropy
+from ssdmpi.nn.workspace import Workspace
+
+
+def walk(layers, prefix: str = ""):
+    """Depth-first ``(full_name, layer)`` over a layer list and all descendants."""
+    for layer in layers:
+        full = f"{prefix}{layer.name}"
+        yield full, layer
+        yield from walk(layer.children(), full + ".")
 
 
 class Model:
     """Layers in order, over flat parameter/gradient buffers.
 
     Args:
-        layers: the layers, each with a unique ``name`` (used as the tensor prefix).
-        input_shape: per-sample input shape, e.g. ``(784,)`` or ``(1, 28, 28)``.
-        xp: numpy or cupy. dtype: float32 (default) or float64.
-        seed: initialisation seed; the same seed gives the same weights everywhere.
+        layers: the top-level layers, each with a unique ``name`` (the tensor-name prefix).
+        input_shape: per-sample input shape, e.g. ``(784,)`` or ``(1, 28, 28)`` (NCHW images).
+        xp: numpy or cupy. dtype: float32 (default) or float64 (gradient checks).
+        seed: initialisation seed; the same seed gives the same weights everywhere
+            (and seeds each Dropout layer from it and the layer's name).
     """
 
     def __init__(self, layers, input_shape, xp=np, dtype=np.float32, seed: int = 0, name: str = "model"):
         self.layers, self.input_shape, self.xp, self.name = list(layers), tuple(input_shape), xp, name
         self.dtype = np.dtype(dtype)
-        shape, declared, inits = self.input_shape, [], []
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"{name}: dtype must be float32 or float64, got {self.dtype}")
+        shape = self.input_shape
         for layer in self.layers:
             shape = layer.output_shape(shape)
-            for local, pshape, decay, init in layer.declare():
-                declared.append((f"{layer.name}.{local}", pshape, decay))
-                inits.append(init)
         self.output_shape = shape
+        self.named_layers = list(walk(self.layers))
+        names = [full for full, _ in self.named_layers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name}: layer names must be unique among siblings: {names}")
+        declared, inits, owners = [], [], []
+        for full, layer in self.named_layers:
+            for local, pshape, decay, init in layer.declare():
+                declared.append((f"{full}.{local}", pshape, decay))
+                inits.append(init)
+                owners.append((layer, local))
         self.flat = FlatParams(declared, xp=xp, dtype=self.dtype)
-        for layer in self.layers:
-            names = [local for local, *_ in layer.declare()]
-            layer.bind({n: self.flat.view(f"{layer.name}.{n}") for n in names},
-                       {n: self.flat.view(f"{layer.name}.{n}", "grad") for n in names})
+        self.workspace = Workspace(xp)
+        for full, layer in self.named_layers:
+            locals_ = [local for local, *_ in layer.declare()]
+            layer.bind({n: self.flat.view(f"{full}.{n}") for n in locals_},
+                       {n: self.flat.view(f"{full}.{n}", "grad") for n in locals_})
+            layer.workspace = self.workspace
+        # The input is data, not something to differentiate: layers before the first one with
+        # parameters are skipped in backward, and that one does not compute its dx.
+        self._first_trainable = next((i for i, layer in enumerate(self.layers)
+                                      if any(lay.declare() for _, lay in walk([layer]))), len(self.layers))
+        for i, layer in enumerate(self.layers):
+            layer.input_grad = i > self._first_trainable
         self._inits = inits
         self.initialize(seed)
 
@@ -46,25 +84,50 @@ class Model:
         """The flat parameter buffer (1-D)."""
         return self.flat.data
 
+    @params.setter
+    def params(self, value) -> None:
+        # ``model.params -= lr * g`` works in place; assigning another array copies into the buffer
+        # (layers hold views of it, so the buffer itself is never replaced).
+        if value is not self.flat.data:
+            self.flat.data[...] = value
+
     @property
     def grads(self):
         """The flat gradient buffer (1-D), same layout as ``params``."""
         return self.flat.grad
+
+    @grads.setter
+    def grads(self, value) -> None:
+        if value is not self.flat.grad:
+            self.flat.grad[...] = value
 
     @property
     def num_params(self) -> int:
         return self.flat.size
 
     def initialize(self, seed: int) -> None:
-        """Fill the parameters from a seeded host RNG (identical on CPU and GPU, on every rank)."""
+        """Fill the parameters from a seeded host RNG (identical on CPU and GPU, on every rank),
+        and reset the non-parameter state (:meth:`reset_state`)."""
         rng = np.random.default_rng(seed)
         host = np.empty(self.flat.size, dtype=self.dtype)
         for spec, init in zip(self.flat.specs, self._inits):
             host[spec.offset:spec.offset + spec.size] = np.asarray(init(rng), dtype=np.float64).reshape(-1)
         self.flat.data[...] = self.xp.asarray(host)
-        for layer in self.layers:
-            layer.load_buffers({k: self.xp.zeros_like(v) + (1 if k.endswith("var") else 0)
-                                for k, v in layer.buffers().items()})
+        self.flat.grad[...] = 0
+        self.reset_state(seed)
+
+    def reset_state(self, seed: int) -> None:
+        """Reset all non-parameter state: BN running statistics to (0, 1), each Dropout
+        generator to a stream derived from ``seed`` and the layer's full name."""
+        for full, layer in self.named_layers:
+            layer.reset_state(_layer_seed(seed, full))
+
+    def seed_dropout(self, seed: int) -> None:
+        """Reseed only the Dropout generators (e.g. ``seed + rank`` for independent masks per rank)."""
+        from ssdmpi.nn.layers import Dropout
+        for full, layer in self.named_layers:
+            if isinstance(layer, Dropout):
+                layer.reset_state(_layer_seed(seed, full))
 
     def check_batch(self, x) -> None:
         """``ValueError`` naming the first layer when ``x`` is not a float batch of ``input_shape``."""
@@ -73,19 +136,24 @@ class Model:
             raise ValueError(f"{first}: expected input of shape (batch, {', '.join(map(str, self.input_shape))}), "
                              f"received {tuple(x.shape)}")
         if x.dtype != self.dtype:
-            raise ValueError(f"{first}: expected input of dtype {self.dtype}, received {x.dtype}")
+            raise ValueError(f"{first}: expected input of dtype {self.dtype}, received {x.dtype} "
+                             f"(shape {tuple(x.shape)})")
 
     def forward(self, x, train: bool = True):
-        """Logits for the batch ``x`` (per-sample shape ``input_shape``)."""
+        """Logits (batch, classes) for the batch ``x`` (per-sample shape ``input_shape``, dtype ``dtype``).
+
+        ``train``: BatchNorm uses batch statistics (and updates running ones), Dropout drops.
+        ``x`` is not modified.
+        """
         self.check_batch(x)
         for layer in self.layers:
             x = layer.forward(x, train)
         return x
 
     def backward(self, dlogits) -> None:
-        """Back-propagate ``dlogits``; overwrites ``grads``."""
+        """Back-propagate ``dlogits`` (consumed: may be overwritten); overwrites ``grads``."""
         dy = dlogits
-        for layer in reversed(self.layers):
+        for layer in reversed(self.layers[self._first_trainable:]):
             dy = layer.backward(dy)
 
     def loss_and_grad(self, x, labels) -> float:
@@ -96,15 +164,32 @@ class Model:
         return loss
 
     def evaluate(self, x, labels) -> tuple[float, int]:
-        """``(loss sum, correct count)`` of the batch in inference mode."""
+        """``(loss sum, correct count)`` of the batch in inference mode (does not touch ``grads``)."""
         return cross_entropy_sum_and_correct(self.forward(x, train=False), labels)
 
     def buffers(self) -> dict:
-        """Non-parameter state (BN running statistics) as ``{"layer.name": array}`` (views)."""
-        return {f"{layer.name}.{k}": v for layer in self.layers for k, v in layer.buffers().items()}
+        """Non-parameter state as ``{"full.layer.name.key": array}``.
+
+        BN ``running_mean``/``running_var``: live views on the model's device (copy them if
+        you need a snapshot). Dropout ``rng_state``: a host uint64 snapshot (6 words).
+        """
+        return {f"{full}.{k}": v for full, layer in self.named_layers for k, v in layer.buffers().items()}
 
     def load_buffers(self, state: dict) -> None:
-        """Restore what ``buffers()`` exported (copies into the existing arrays)."""
-        for layer in self.layers:
-            prefix = layer.name + "."
-            layer.load_buffers({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        """Restore what ``buffers()`` exported (copies into the existing arrays).
+
+        Raises ``KeyError`` naming the missing entries if ``state`` lacks any of them.
+        """
+        missing = sorted(set(self.buffers()) - set(state))
+        if missing:
+            raise KeyError(f"{self.name}: buffers missing from the state: {', '.join(missing)}")
+        for full, layer in self.named_layers:
+            prefix = full + "."
+            own = {k[len(prefix):]: v for k, v in state.items()
+                   if k.startswith(prefix) and "." not in k[len(prefix):]}
+            layer.load_buffers(own)
+
+
+def _layer_seed(seed: int, full_name: str) -> int:
+    """A 64-bit seed for one layer, from the model seed and the layer's full name."""
+    return int(np.random.SeedSequence([int(seed), zlib.crc32(full_name.encode())]).generate_state(1, np.uint64)[0])

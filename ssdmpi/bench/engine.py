@@ -1,0 +1,196 @@
+"""``ssdmpi bench engine``: one training step of ssdmpi's engine vs the same model in PyTorch.
+
+A step is forward + backward + a plain SGD update (``params -= lr * grads``), on
+the same random batch and the same initial weights for both. Both run
+single-threaded (``torch.set_num_threads(1)``; NumPy's BLAS limited to 1 thread
+with threadpoolctl, or set ``OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1`` yourself
+when threadpoolctl is missing), and the two are INTERLEAVED step by step, with
+alternating order, so load from other processes hits both alike; the medians
+and their ratio (ssdmpi/torch) are reported. Peak memory of one ssdmpi step
+(model, workspace and temporaries, as traced by ``tracemalloc``, which NumPy
+reports its allocations to) is measured in a separate, untimed step.
+
+PyTorch is the benchmark peer only, never a runtime dependency of ssdmpi.
+
+Targets (the issue's): mlp 784-512-512-10 batch 128 <= 1.15x; lenet5 batch 64 <=
+1.5x; resnet20 batch 128 <= 2.0x and peak memory <= 1.5 GiB. ``--check`` makes a
+missed target exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+# model -> (input shape, options, default batch, target ratio ssdmpi/torch)
+SETUPS = {
+    "mlp": ((1, 28, 28), {"widths": (512, 512)}, 128, 1.15),
+    "lenet5": ((1, 28, 28), {}, 64, 1.5),
+    "resnet20": ((3, 32, 32), {}, 128, 2.0),
+}
+MEMORY_TARGET = {"resnet20": 1.5 * 2**30}
+NUM_CLASSES = 10
+LR = 0.01
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", choices=sorted(SETUPS), default="mlp",
+                        help="mlp (784-512-512-10), lenet5 (28x28x1) or resnet20 (32x32x3); default mlp")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed steps per engine (default: 30 mlp/lenet5, 7 resnet20)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first (default 2)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory step")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _limit_threads() -> str:
+    """Limit NumPy's BLAS to one thread; say how."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        if os.environ.get("OPENBLAS_NUM_THREADS") == "1" or os.environ.get("OMP_NUM_THREADS") == "1":
+            return "env (OPENBLAS_NUM_THREADS/OMP_NUM_THREADS=1)"
+        return "UNLIMITED (install threadpoolctl or set OPENBLAS_NUM_THREADS=1)"
+    threadpoolctl.threadpool_limits(1)
+    infos = [f"{i.get('internal_api')} {i.get('architecture') or ''}".strip()
+             for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+    return f"threadpoolctl, 1 thread ({', '.join(infos) or 'no BLAS found'})"
+
+
+def _median(values):
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def measure(model_name: str, batch: int | None = None, repeats: int | None = None, warmup: int = 2,
+            memory: bool = True) -> dict:
+    """Run the interleaved benchmark; return the result dict (times in seconds)."""
+    import numpy as np
+
+    from ssdmpi.errors import UserError
+    from ssdmpi.nn import build_model
+    from ssdmpi.nn.torch_ref import build_torch_model, torch_available
+
+    ok, why = torch_available()
+    if not ok:
+        raise UserError(f"bench engine compares against PyTorch, which is missing: {why}; "
+                        "pip install torch (a benchmark peer only)")
+    import torch
+    import torch.nn.functional as F
+
+    shape, options, default_batch, target = SETUPS[model_name]
+    batch = int(batch or default_batch)
+    repeats = int(repeats or (7 if model_name == "resnet20" else 30))
+    if batch < 1 or repeats < 1 or warmup < 0:
+        raise UserError("--batch and --repeats must be at least 1, --warmup at least 0")
+    threads = _limit_threads()
+    torch.set_num_threads(1)
+
+    model = build_model(model_name, shape, NUM_CLASSES, seed=0, **options)
+    twin = build_torch_model(model)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch,) + shape).astype(np.float32)
+    labels = rng.integers(0, NUM_CLASSES, size=batch)
+    tx, tlabels = torch.from_numpy(x.copy()), torch.from_numpy(labels.copy())
+    opt = torch.optim.SGD(twin.parameters(), lr=LR)
+    scratch = np.empty_like(model.params)
+
+    def ssdmpi_step():
+        model.loss_and_grad(x, labels)
+        np.multiply(model.grads, LR, out=scratch)
+        model.params -= scratch
+
+    def torch_step():
+        opt.zero_grad()
+        F.cross_entropy(twin(tx), tlabels).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        ssdmpi_step()
+        torch_step()
+    times = {"ssdmpi": [], "torch": []}
+    for r in range(repeats):
+        order = (("ssdmpi", ssdmpi_step), ("torch", torch_step))
+        for name, step in (order if r % 2 == 0 else order[::-1]):
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+
+    med = {k: _median(v) for k, v in times.items()}
+    result = {
+        "model": model_name, "input_shape": list(shape), "options": {k: list(v) if isinstance(v, tuple) else v
+                                                                     for k, v in options.items()},
+        "num_params": model.num_params, "batch": batch, "repeats": repeats, "warmup": warmup,
+        "threads": threads, "torch_version": torch.__version__, "numpy_version": np.__version__,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "ssdmpi_median_s": med["ssdmpi"], "torch_median_s": med["torch"],
+        "ssdmpi_min_s": min(times["ssdmpi"]), "torch_min_s": min(times["torch"]),
+        "ratio": med["ssdmpi"] / med["torch"], "target_ratio": target,
+        "target_met": med["ssdmpi"] / med["torch"] <= target if batch == default_batch else None,
+    }
+    if memory:
+        result["peak_memory_bytes"] = _peak_memory(model_name, shape, options, batch)
+        mem_target = MEMORY_TARGET.get(model_name)
+        result["memory_target_bytes"] = mem_target
+        result["memory_target_met"] = (result["peak_memory_bytes"] <= mem_target
+                                       if mem_target and batch == default_batch else None)
+    return result
+
+
+def _peak_memory(model_name, shape, options, batch) -> int:
+    """Peak traced bytes of one training step, counting the model, its workspace and the batch."""
+    import tracemalloc
+
+    import numpy as np
+
+    from ssdmpi.nn import build_model
+
+    tracemalloc.start()
+    try:
+        model = build_model(model_name, shape, NUM_CLASSES, seed=0, **options)
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(batch,) + shape).astype(np.float32)
+        labels = rng.integers(0, NUM_CLASSES, size=batch)
+        scratch = np.empty_like(model.params)
+        for _ in range(2):       # the second step runs with a warm workspace, like every later one
+            model.loss_and_grad(x, labels)
+            np.multiply(model.grads, LR, out=scratch)
+            model.params -= scratch
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _fmt_ms(s: float) -> str:
+    return f"{s * 1e3:.2f} ms"
+
+
+def run(args) -> int:
+    result = measure(args.model, args.batch, args.repeats, args.warmup, memory=not args.no_memory)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        opts = ", ".join(f"{k}={v}" for k, v in result["options"].items())
+        print(f"engine benchmark: {result['model']}{' (' + opts + ')' if opts else ''}, input "
+              f"{'x'.join(map(str, result['input_shape']))}, {result['num_params']:,} parameters, "
+              f"batch {result['batch']}, float32")
+        print(f"  threads: {result['threads']}; torch {result['torch_version']}, numpy {result['numpy_version']}")
+        if result["openblas_coretype"]:
+            print(f"  note: OPENBLAS_CORETYPE={result['openblas_coretype']} is set (it can slow NumPy's BLAS)")
+        print(f"  one step (forward + backward + SGD), {result['repeats']} interleaved repeats:")
+        print(f"    ssdmpi  median {_fmt_ms(result['ssdmpi_median_s'])}  (min {_fmt_ms(result['ssdmpi_min_s'])})")
+        print(f"    torch   median {_fmt_ms(result['torch_median_s'])}  (min {_fmt_ms(result['torch_min_s'])})")
+        verdict = {True: "met", False: "MISSED", None: "n/a at this batch size"}[result["target_met"]]
+        print(f"  ratio ssdmpi/torch: {result['ratio']:.3f}  (target <= {result['target_ratio']}: {verdict})")
+        if "peak_memory_bytes" in result:
+            line = f"  peak memory of one ssdmpi step (tracemalloc): {result['peak_memory_bytes'] / 2**20:.1f} MiB"
+            if result["memory_target_bytes"]:
+                verdict = {True: "met", False: "MISSED", None: "n/a at this batch size"}[result["memory_target_met"]]
+                line += f"  (target <= {result['memory_target_bytes'] / 2**30:.1f} GiB: {verdict})"
+            print(line)
+    missed = result["target_met"] is False or result.get("memory_target_met") is False
+    return 1 if (args.check and missed) else 0

@@ -1,0 +1,133 @@
+"""Batch normalisation (Ioffe & Szegedy 2015), for (N, C) and channel-major (C, N, H, W) inputs.
+
+Training: per channel c, over the m = N*H*W values of the batch,
+    mean_c, var_c (biased) ;  xhat = (x - mean_c) / sqrt(var_c + eps) ;  y = gamma_c * xhat + beta_c
+    running_mean <- (1 - momentum) * running_mean + momentum * mean_c
+    running_var  <- (1 - momentum) * running_var  + momentum * var_c * m / (m - 1)   (unbiased, like PyTorch)
+Evaluation: y = gamma * (x - running_mean) / sqrt(running_var + eps) + beta.
+Backward (training):
+    dbeta = sum dy ;  dgamma = sum dy * xhat
+    dx = gamma / sqrt(var + eps) * (dy - dbeta / m - xhat * dgamma / m)
+
+``weight`` (gamma) is decayed, ``bias`` (beta) is not. ``running_mean`` and
+``running_var`` are state, not parameters: ``buffers()`` exports them for
+checkpoints. Defaults match ``torch.nn.BatchNorm2d``: momentum 0.1, eps 1e-5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ssdmpi.nn.layers import Layer, _xp
+
+
+class BatchNorm(Layer):
+    """Batch normalisation per channel: axis 1 of (N, C) inputs, axis 0 of channel-major (C, N, H, W) ones."""
+
+    channel_major = True
+
+    def __init__(self, num_features: int, momentum: float = 0.1, eps: float = 1e-5, name: str = "bn"):
+        self.c, self.momentum, self.eps, self.name = int(num_features), float(momentum), float(eps), name
+        self.running_mean = self.running_var = None
+        self.spatial = True      # set by output_shape: (C, H, W) inputs, or (C,)
+
+    def declare(self):
+        return [("weight", (self.c,), True, lambda rng: np.ones(self.c)),
+                ("bias", (self.c,), False, lambda rng: np.zeros(self.c))]
+
+    def bind(self, params: dict, grads: dict) -> None:
+        super().bind(params, grads)
+        xp = _xp(params["weight"])
+        self.running_mean = xp.zeros(self.c, dtype=params["weight"].dtype)
+        self.running_var = xp.ones(self.c, dtype=params["weight"].dtype)
+
+    def output_shape(self, input_shape):
+        if len(input_shape) not in (1, 3) or input_shape[0] != self.c:
+            raise self._shape_error(f"{self.c}[, height, width]", input_shape)
+        self.spatial = len(input_shape) == 3
+        return tuple(input_shape)
+
+    def reset_state(self, seed: int) -> None:
+        self.running_mean[...] = 0
+        self.running_var[...] = 1
+
+    def buffers(self) -> dict:
+        return {"running_mean": self.running_mean, "running_var": self.running_var}
+
+    def load_buffers(self, state: dict) -> None:
+        xp = _xp(self.running_mean)
+        for key in ("running_mean", "running_var"):
+            if key in state:
+                value = xp.asarray(state[key], dtype=self.running_mean.dtype)
+                if value.shape != (self.c,):
+                    raise ValueError(f"{self.name}.{key}: expected shape ({self.c},), got {tuple(value.shape)}")
+                getattr(self, key)[...] = value
+
+    def _rows(self, x):
+        """``x`` as a (C, m) matrix: a view of channel-major (C, N, H, W) or of (N, C) (transposed)."""
+        return x.T if x.ndim == 2 else x.reshape(self.c, -1)
+
+    def _unrows(self, a, shape):
+        return a.T if len(shape) == 2 else a.reshape(shape)
+
+    def _channel_sum(self, a2):
+        """Per-channel sum of a (C, m) matrix: a GEMV against ones (BLAS, faster than a reduction)."""
+        return a2 @ self.workspace.ones(a2.shape[1], a2.dtype)
+
+    def forward(self, x, train: bool = True):
+        xp = _xp(x)
+        x2 = self._rows(x)
+        gamma, beta = self.p["weight"][:, None], self.p["bias"][:, None]
+        y = xp.empty(x2.shape, dtype=x.dtype)
+        if not train:
+            scale = self.p["weight"] / xp.sqrt(self.running_var + self.eps)
+            self.mode, self.scale, self.x2 = "eval", scale, x2
+            xp.subtract(x2, self.running_mean[:, None], out=y)
+            y *= scale[:, None]
+            y += beta
+            return self._unrows(y, x.shape)
+        m = x2.shape[1]
+        mean = self._channel_sum(x2) / m
+        xhat = x2 - mean[:, None]                      # centred now, normalised below (kept for backward)
+        xp.multiply(xhat, xhat, out=y)                 # y is scratch until the last two lines
+        var = self._channel_sum(y) / m
+        invstd = 1.0 / xp.sqrt(var + self.eps)
+        xhat *= invstd[:, None]
+        xp.multiply(xhat, gamma, out=y)
+        y += beta
+        self.mode, self.xhat, self.invstd = "train", xhat, invstd
+        mom = self.momentum
+        self.running_mean *= 1 - mom
+        self.running_mean += mom * mean
+        self.running_var *= 1 - mom
+        self.running_var += (mom * m / max(m - 1, 1)) * var
+        return self._unrows(y, x.shape)
+
+    def backward(self, dy):
+        xp = _xp(dy)
+        dy2 = self._rows(dy)
+        if self.mode == "eval":
+            xhat = (self.x2 - self.running_mean[:, None]) / xp.sqrt(self.running_var + self.eps)[:, None]
+            self.g["bias"][...] = self._channel_sum(dy2)
+            self.g["weight"][...] = self._channel_sum(dy2 * xhat)
+            self.x2 = None
+            return self._unrows(dy2 * self.scale[:, None], dy.shape) if self.input_grad else None
+        xhat, self.xhat = self.xhat, None
+        m = dy2.shape[1]
+        dbeta = self._channel_sum(dy2)
+        tmp = dy2 * xhat
+        dgamma = self._channel_sum(tmp)
+        self.g["bias"][...] = dbeta
+        self.g["weight"][...] = dgamma
+        if not self.input_grad:
+            return None
+        gamma = self.p["weight"]
+        # dx = a*dy + b*xhat + c per channel, assembled in xhat's memory (xhat is dead after this).
+        a = gamma * self.invstd
+        b = -a * dgamma / m
+        c = -a * dbeta / m
+        xhat *= b[:, None]
+        xp.multiply(dy2, a[:, None], out=tmp)
+        xhat += tmp
+        xhat += c[:, None]
+        return self._unrows(xhat, dy.shape)
