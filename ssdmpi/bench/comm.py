@@ -6,14 +6,16 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K 64K 4M ...] [--re
     before each sample, ``raw`` = ``comm.Allreduce(IN_PLACE, buf, SUM)``; ``sum`` =
     ``Communicator.allreduce(buf, average=False)`` (the same operation through ssdmpi); ``mean``
     = ``Communicator.allreduce_mean(buf)`` (plus the division by the rank count). Reported:
-    the median time per rank (the slowest rank's median), algorithm bandwidth ``bytes / time``
-    in GB/s, and ``raw_time / time`` (1.0 = as fast as raw mpi4py).
+    the median over samples of the slowest rank's time, algorithm bandwidth ``bytes / time``
+    in GB/s, and the median of the paired ratios ``raw_time / time`` (1.0 = as fast as raw
+    mpi4py; pairs are adjacent samples, which cancels the machine's slow load drifts).
 (b) **overlap**: ``allreduce_start`` of an ``--overlap-size`` buffer, then compute sized to
     ``--compute-ratio`` times the allreduce time, then ``wait``; per strategy, interleaved, for
     CPU-bound compute (NumPy float32 matmuls) and idle compute (``time.sleep``, standing in for
     GPU work). The compute is cut into 10 pieces with ``Communicator.progress()`` between them
     (as a trainer calls it between layers). ``overlap = (t_comm + t_compute - t_total) / t_comm``
-    (1.0: the allreduce was fully hidden), median over repeats, the worst rank's. ``stats``
+    (1.0: the allreduce was fully hidden), each term the slowest rank's in that repeat, median
+    over repeats. ``stats``
     is what the Communicator's own instrumentation reported (``1 - wait_s / inflight_s``).
 
 Measured on the 2-core development machine (shared with other jobs; OMP_NUM_THREADS=1),
@@ -64,7 +66,7 @@ def _median(values):
 
 
 def bandwidth(world, sizes, repeats: int) -> list:
-    """Part (a): one row per size with the slowest rank's median seconds per variant."""
+    """Part (a): one row per size: median seconds per variant, GB/s, paired ratios to raw."""
     import numpy as np
     from mpi4py import MPI
 
@@ -93,14 +95,16 @@ def bandwidth(world, sizes, repeats: int) -> list:
                     for _ in range(inner):
                         variants[name]()
                     samples[name].append((time.perf_counter() - start) / inner)
-            medians = np.array([_median(samples[n]) for n in names])
-            world.Allreduce(MPI.IN_PLACE, medians, op=MPI.MAX)
+            # Samples are aligned by the barriers: a sample's time is its slowest rank's.
+            table = np.array([samples[n] for n in names])
+            world.Allreduce(MPI.IN_PLACE, table, op=MPI.MAX)
             row = {"bytes": nbytes}
-            for name, t in zip(names, medians):
-                row[f"{name}_s"] = float(t)
-                row[f"{name}_GBps"] = nbytes / t / 1e9
-            row["sum_vs_raw"] = row["raw_s"] / row["sum_s"]
-            row["mean_vs_raw"] = row["raw_s"] / row["mean_s"]
+            for name, times in zip(names, table):
+                row[f"{name}_s"] = float(np.median(times))
+                row[f"{name}_GBps"] = nbytes / row[f"{name}_s"] / 1e9
+            # Paired ratios (samples taken next to each other) cancel the machine's slow drifts.
+            row["sum_vs_raw"] = float(np.median(table[0] / table[1]))
+            row["mean_vs_raw"] = float(np.median(table[0] / table[2]))
             rows.append(row)
     finally:
         comm.free()
@@ -177,15 +181,20 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float) -> list:
                         c.progress()
                     handle.wait()
                     totals[s].append(time.perf_counter() - start)
-            t_compute, t_comm_k = _median(alone), _median(comm_only)
-            for s in strategies:
-                stats = comms[s].stats.snapshot_and_reset()
-                mine = np.array([_median([(t_comm_k + t_compute - t) / t_comm_k for t in totals[s]]),
-                                 stats["overlap"]])
-                world.Allreduce(MPI.IN_PLACE, mine, op=MPI.MIN)
-                rows.append({"compute": kind, "strategy": s, "bytes": nbytes, "comm_s": t_comm_k,
-                             "compute_s": t_compute, "total_s": _median(totals[s]),
-                             "overlap": float(mine[0]), "stats_overlap": float(mine[1])})
+            # Per repeat, the slowest rank's times; overlap from the same repeat's three timings.
+            names = list(strategies)
+            table = np.array([alone, comm_only] + [totals[s] for s in names])
+            world.Allreduce(MPI.IN_PLACE, table, op=MPI.MAX)
+            t_compute, t_comm_k = table[0], table[1]
+            for i, s in enumerate(names):
+                stats = np.array([comms[s].stats.snapshot_and_reset()["overlap"]])
+                world.Allreduce(MPI.IN_PLACE, stats, op=MPI.MIN)
+                total = table[2 + i]
+                rows.append({"compute": kind, "strategy": s, "bytes": nbytes,
+                             "comm_s": float(np.median(t_comm_k)), "compute_s": float(np.median(t_compute)),
+                             "total_s": float(np.median(total)),
+                             "overlap": float(np.median((t_comm_k + t_compute - total) / t_comm_k)),
+                             "stats_overlap": float(stats[0])})
     finally:
         for c in comms.values():
             c.free()
@@ -196,7 +205,8 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float) -> list:
 def _print_tables(result: dict) -> None:
     print(f"ssdmpi bench comm: {result['ranks']} ranks, {result['mpi']}")
     if result.get("bandwidth"):
-        print("\n(a) allreduce, median of the slowest rank; ratio = raw time / time (1.0 = raw mpi4py)")
+        print("\n(a) allreduce: median time (slowest rank per sample); x/raw = median of paired raw_time/time "
+              "(1.0 = as fast as raw mpi4py)")
         print(f"{'size':>8} {'raw GB/s':>9} {'sum GB/s':>9} {'sum/raw':>8} {'mean GB/s':>10} {'mean/raw':>9}")
         for r in result["bandwidth"]:
             print(f"{_size_name(r['bytes']):>8} {r['raw_GBps']:9.3f} {r['sum_GBps']:9.3f} {r['sum_vs_raw']:8.3f} "

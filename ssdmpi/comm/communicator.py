@@ -66,19 +66,32 @@ def format_bytes(n: int) -> str:
 
 
 class AllreduceHandle:
-    """An in-place allreduce in flight on ``buf``; see the module contract."""
+    """An in-place allreduce in flight on ``buf``; see the module contract.
 
-    __slots__ = ("buf", "seq", "what", "nbytes", "_owner", "_work", "_buckets", "_divisor", "_divided",
+    ``str(handle)`` names it as the stall watchdog does, e.g. ``Iallreduce #12 of 3.4 MB``
+    (built only when needed: formatting on every call would cost more than the bookkeeping).
+    """
+
+    __slots__ = ("buf", "seq", "nbytes", "_owner", "_work", "_buckets", "_divisor", "_divided",
                  "_requests", "_event", "_error", "_t_posted", "_t_returned", "_t_complete", "_final")
 
-    def __init__(self, owner, buf, work, buckets, divisor, seq, what):
-        self.buf, self.seq, self.what, self.nbytes = buf, seq, what, buf.nbytes
+    def __init__(self, owner, buf, work, buckets, divisor, seq):
+        self.buf, self.seq, self.nbytes = buf, seq, buf.nbytes
         self._owner, self._work, self._buckets = owner, work, buckets
         self._divisor, self._divided = divisor, False
         self._requests = self._event = self._error = None
         self._t_posted = self._t_returned = 0.0
         self._t_complete = None
         self._final = False
+
+    def __str__(self) -> str:
+        text = f"Iallreduce #{self.seq} of {format_bytes(self.nbytes)}"
+        return text + (f" ({len(self._buckets)} buckets)" if len(self._buckets) > 1 else "")
+
+    @property
+    def what(self) -> str:
+        """The operation's name in messages."""
+        return str(self)
 
     def test(self) -> bool:
         """True when the reduction has completed (does not finalise the result; call ``wait``)."""
@@ -264,8 +277,8 @@ class Communicator:
             self._watchdog.posted(self._seq)
         return self._seq
 
-    def _watched(self, what: str, seq: int, fn, *args, **kwargs):
-        """Call ``fn`` while the stall watchdog watches it as operation ``what``."""
+    def _watched(self, what, seq: int, fn, *args, **kwargs):
+        """Call ``fn`` while the stall watchdog watches it as operation ``str(what)``."""
         if self._watchdog is None:
             return fn(*args, **kwargs)
         self._watchdog.begin(what, seq)
@@ -292,17 +305,14 @@ class Communicator:
         seq = self._next_seq()
         work = self.transport.to_mpi(buf)
         buckets = self._buckets(work)
-        what = f"Iallreduce #{seq} of {format_bytes(buf.nbytes)}"
-        if len(buckets) > 1:
-            what += f" ({len(buckets)} buckets)"
         divisor = self.size if average and self.size > 1 else None
-        handle = AllreduceHandle(self, buf, work, buckets, divisor, seq, what)
+        handle = AllreduceHandle(self, buf, work, buckets, divisor, seq)
         handle._t_posted = t_posted
         # Dividing on the host right after each bucket is reduced keeps the data in cache; device
         # buffers are divided on the device in ``wait`` (on the caller's stream).
         divide_here = divisor is not None and not self.transport.is_device(buf)
         if strategy == "blocking":
-            self._watched(what, seq, self._reduce_buckets, handle, divide_here)
+            self._watched(handle, seq, self._reduce_buckets, handle, divide_here)
             handle._t_complete = _clock()
         elif strategy == "test":
             op, in_place = self.MPI.SUM, self.MPI.IN_PLACE
@@ -347,10 +357,10 @@ class Communicator:
         t_wait = _clock()
         if handle._t_complete is None or handle._event is not None:
             if handle._requests is not None:
-                self._watched(handle.what, handle.seq, self.MPI.Request.Waitall, handle._requests)
+                self._watched(handle, handle.seq, self.MPI.Request.Waitall, handle._requests)
                 handle._t_complete = _clock()
             elif handle._event is not None and not handle._event.is_set():
-                self._watched(handle.what, handle.seq, handle._event.wait)
+                self._watched(handle, handle.seq, handle._event.wait)
         self._pending.remove(handle)
         handle._final = True
         if handle._error is not None:

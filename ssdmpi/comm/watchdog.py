@@ -59,8 +59,8 @@ class StallWatchdog:
         """The caller posted operation ``#seq``."""
         self.posted_seq = seq
 
-    def begin(self, what: str, seq: int) -> None:
-        """The caller starts waiting in ``what`` (operation ``#seq``)."""
+    def begin(self, what, seq: int) -> None:
+        """The caller starts waiting in ``str(what)`` (operation ``#seq``; formatted only if reported)."""
         self._current = (what, seq, time.monotonic())
 
     def end(self) -> None:
@@ -93,7 +93,7 @@ class StallWatchdog:
     def _state(self) -> dict:
         current = self._current
         return {"rank": self.rank, "posted": self.posted_seq,
-                "waiting": None if current is None else current[0],
+                "waiting": None if current is None else str(current[0]),
                 "waiting_s": 0.0 if current is None else time.monotonic() - current[2]}
 
     def _serve(self) -> None:
@@ -106,7 +106,8 @@ class StallWatchdog:
             self._sends = [r for r in self._sends if not r.Test()]
             self._query = self.comm.irecv(source=self.MPI.ANY_SOURCE, tag=QUERY_TAG)
 
-    def _fire(self, what: str, seq: int, since: float) -> None:
+    def _fire(self, what, seq: int, since: float) -> None:
+        what = str(what)
         waited = time.monotonic() - since
         message = (f"stall: waited {waited:.1f} s (over the stall timeout of {self.timeout:g} s) in {what}; "
                    + self._who_is_missing(what, seq)
