@@ -193,15 +193,16 @@ def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, tra
 
 
 def test_bench_job_leaves_tables_in_its_run_directory(slurm_cluster, trainer, tmp_path):
-    """engine (if PyTorch, its peer, is installed), model and train, each with tiny settings."""
-    env = {"BENCHES": "model train",
+    """engine (if PyTorch, its peer, is installed), comm, model and train, each with tiny settings."""
+    env = {"BENCHES": "comm model train",
+           "BENCH_COMM_ARGS": "--sizes 1K 64K --repeats 3 --overlap-size 64K",
            "BENCH_MODEL_ARGS": "--net none --model mlp --batch-size 16 --fit-sizes 0.1,0.4 --check-sizes 0.2 "
                                "--patterns ssgd,step",
            "BENCH_TRAIN_ARGS": "--net none --variants ssgd,ssd:step:2 --dataset digits --model mlp --steps 40 "
                                "--batch-size 16 --warmup-steps 10"}
     engine = importlib.util.find_spec("torch") is not None
     if engine:
-        env.update(BENCHES="engine model train", BENCH_ENGINE_ARGS="--repeats 3 --no-memory")
+        env.update(BENCHES="engine comm model train", BENCH_ENGINE_ARGS="--repeats 3 --no-memory")
     job = slurm_cluster.sbatch(JOBS / "bench.sbatch", cwd=tmp_path, env=env)
     out = tmp_path / f"ssdmpi-bench-{job}.out"
     run_dir = tmp_path / "runs" / f"ssdmpi-bench-{job}"
@@ -211,6 +212,8 @@ def test_bench_job_leaves_tables_in_its_run_directory(slurm_cluster, trainer, tm
 
     if engine:
         assert "ratio ssdmpi/torch" in (run_dir / "engine.txt").read_text(), why
+    comm = (run_dir / "comm.txt").read_text()
+    assert "2 ranks" in comm and "64K" in comm, comm             # ran on both tasks, all sizes
     model = json.loads((run_dir / "model.json").read_text())
     assert model, "bench model wrote an empty JSON file"
     assert "|" in (run_dir / "model.txt").read_text()             # its tables
