@@ -43,7 +43,7 @@ class StallWatchdog:
         self.MPI = MPI
         self.timeout = float(timeout)
         self.poll = min(0.25, self.timeout / 4)
-        self.reply_window = reply_window if reply_window is not None else min(5.0, max(1.0, self.timeout))
+        self.reply_window = reply_window if reply_window is not None else min(5.0, max(3.0, self.timeout))
         self.comm = base.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.can_talk = MPI.Query_thread() == MPI.THREAD_MULTIPLE and self.size > 1
