@@ -18,7 +18,9 @@ time, so rank 0 holds at most two ranks' state). Plain h5py or ``h5dump`` can re
         loader/...                      loader.state_dict() (epoch, position, RNG state)
         trainer/...                     the trainer's counters
 
-Inside a tree, arrays are datasets (contiguous, uncompressed, so offsets are stable),
+Inside a tree, arrays are datasets (contiguous, uncompressed, so offsets are stable;
+an array equal to one already written - W and M on every rank, model/params = W or L -
+is an HDF5 soft link to it, which h5py and h5dump follow),
 nested dicts are groups, and every other value of a group (numbers, strings, lists, None)
 is kept in that group's ``_values`` dataset as a JSON string. NumPy scalars are 0-d
 datasets with attr ``scalar=1`` so they come back with their dtype (bitwise resume).
@@ -103,24 +105,43 @@ def _jsonable(v):
     return v
 
 
-def write_tree(group, tree: dict, manifest: dict) -> None:
-    """Write the nested dict ``tree`` under ``group`` (see the module docstring)."""
+DEDUPE_MIN_SIZE = 256   # arrays at least this long are stored once per file (see write_tree)
+
+
+def write_tree(group, tree: dict, manifest: dict, seen: dict | None = None) -> None:
+    """Write the nested dict ``tree`` under ``group`` (see the module docstring).
+
+    ``manifest`` collects ``{dataset name: sha256}``. ``seen`` (``{sha256: dataset name}``,
+    shared across calls) makes an array equal to one already in the file a soft link to
+    it: ``W`` and ``M`` are the same on every rank, and ``model/params`` is ``W`` or ``L``,
+    so this keeps a checkpoint near one copy of each distinct buffer.
+    """
+    import h5py
+
+    seen = {} if seen is None else seen
     values = {}
     for key, value in tree.items():
         key = _check_key(key)
         if isinstance(value, dict):
-            write_tree(group.create_group(key), value, manifest)
+            write_tree(group.create_group(key), value, manifest, seen)
         elif _is_array(value) or isinstance(value, np.generic):
             a = _host(value) if _is_array(value) else np.asarray(value)
+            if a.ndim >= 1 and a.size >= DEDUPE_MIN_SIZE:
+                digest = _digest(a)
+                if digest in seen:
+                    group[key] = h5py.SoftLink(seen[digest])
+                    continue
             ds = group.create_dataset(key, data=a)
             ds.attrs["sha256"] = digest = _digest(a)
             if isinstance(value, np.generic):
                 ds.attrs["scalar"] = 1
             manifest[ds.name] = digest
+            if a.ndim >= 1 and a.size >= DEDUPE_MIN_SIZE:
+                seen[digest] = ds.name
         elif isinstance(value, (list, tuple)) and any(_is_array(x) or isinstance(x, dict) for x in value):
             sub = group.create_group(key)
             sub.attrs["list"] = len(value)
-            write_tree(sub, {str(i): x for i, x in enumerate(value)}, manifest)
+            write_tree(sub, {str(i): x for i, x in enumerate(value)}, manifest, seen)
         else:
             values[key] = _jsonable(value)
     if values:
@@ -180,13 +201,14 @@ def write_checkpoint(path: str, meta: dict, rank_states, shared: dict | None = N
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     manifest: dict = {}
+    seen: dict = {}
     try:
         with h5py.File(tmp, "w") as f:
             for rank, state in rank_states:
-                write_tree(f.create_group(f"rank_{rank:04d}"), state, manifest)
+                write_tree(f.create_group(f"rank_{rank:04d}"), state, manifest, seen)
             if shared:
                 for key, tree in shared.items():
-                    write_tree(f.create_group(_check_key(key)), tree, manifest)
+                    write_tree(f.create_group(_check_key(key)), tree, manifest, seen)
             full = dict(_jsonable(meta), format=FORMAT, format_version=FORMAT_VERSION, manifest=manifest)
             text = json.dumps(full, sort_keys=True)
             ds = f.create_dataset("meta", data=text)
@@ -267,6 +289,13 @@ def verify(path: str) -> list:
             for rank in range(int(meta.get("world_size", 0))):
                 if f"rank_{rank:04d}" not in f:
                     problems.append(f"group /rank_{rank:04d} is missing")
+            links = []
+            f.visit_links(lambda name: links.append(name) if isinstance(f.get(name, getlink=True), h5py.SoftLink)
+                          else None)
+            for name in links:
+                target = f.get(name, getlink=True).path
+                if target not in manifest:
+                    problems.append(f"link /{name} points to {target}, which is not a checksummed dataset")
     except CheckpointError as exc:
         problems.append(str(exc).replace(f"{path}: ", "").replace(f"{path} ", ""))
     except Exception as exc:   # h5py raises OSError/KeyError/RuntimeError/ValueError on damaged files
@@ -316,6 +345,12 @@ def describe(path: str, datasets: bool = True) -> str:
                     else:
                         lines.append(f"    /{name}  {obj.dtype} {tuple(obj.shape)}")
             f.visititems(visit)
+
+            def visit_link(name):
+                link = f.get(name, getlink=True)
+                if isinstance(link, h5py.SoftLink):
+                    lines.append(f"    /{name}  -> {link.path} (same values, stored once)")
+            f.visit_links(visit_link)
     return "\n".join(lines)
 
 

@@ -47,18 +47,30 @@ from ssdmpi.errors import REQUEUE_EXIT, UserError
 
 DIVERGED_EXIT = 3
 INTERRUPT_EXIT = 130
-_STOP_INTERRUPT, _STOP_PREEMPT = 1, 1000   # codes summed over ranks: any preempt wins over Ctrl-C
+
+
+EPILOG = """\
+settings: dataclass defaults < --preset (default: default) < --config FILE < flags.
+run directory: config.yaml, metrics.jsonl, checkpoints/ckpt-<step>.h5, summary.txt/.json.
+exit codes: 0 done; 2 bad input; 3 diverged (last good checkpoint kept);
+  85 checkpointed on SIGUSR1/SIGTERM or --stop-at-step, requeue me (--resume auto);
+  130 checkpointed after Ctrl-C; 1 anything else (the whole job is aborted)."""
 
 
 def add_arguments(parser) -> None:
+    import argparse
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
     _add_config_arguments(parser)
 
 
 class Stop:
-    """The signal flag: handlers set it, the loop reads it at synchronisation points."""
+    """The signal flags: handlers set them, the loop reads them at synchronisation points."""
 
     def __init__(self):
-        self.code = 0
+        self.preempt = 0      # SIGUSR1 / SIGTERM seen: checkpoint, exit 85
+        self.interrupt = 0    # SIGINT seen: checkpoint, exit 130
         self.previous = {}
 
     def install(self) -> None:
@@ -70,11 +82,11 @@ class Stop:
 
     def _handler(self, signum, frame):
         if signum == signal.SIGINT:
-            if self.code & _STOP_INTERRUPT:     # the second Ctrl-C: stop now, no checkpoint
+            if self.interrupt:     # the second Ctrl-C: stop now, no checkpoint
                 raise KeyboardInterrupt
-            self.code |= _STOP_INTERRUPT
+            self.interrupt = 1
         else:
-            self.code = max(self.code, _STOP_PREEMPT) | (self.code & _STOP_INTERRUPT)
+            self.preempt = 1
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
@@ -453,7 +465,7 @@ def run(args) -> int:
             wall = time.monotonic() - interval["t0"]
             n = interval["steps"]
             sums = comm.allreduce_scalars({
-                "stop": stop.code, "bad": interval["bad"], "loss": interval["loss"], "steps": n,
+                "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": interval["bad"], "loss": interval["loss"], "steps": n,
                 "wall": wall, "inflight_s": c["inflight_s"], "wait_s": c["wait_s"], "bytes_sent": c["bytes_sent"]},
                 op="sum")
             per = max(1.0, sums["steps"])   # rank-steps in the interval
@@ -485,10 +497,10 @@ def run(args) -> int:
                 exit_code = DIVERGED_EXIT
                 break
             # -- signals and planned stops: drain, checkpoint, exit
-            if sums["stop"] > 0 or planned_stop:
-                code = int(sums["stop"])
-                exit_code = REQUEUE_EXIT if code >= _STOP_PREEMPT or (planned_stop and code == 0) else INTERRUPT_EXIT
-                stop_reason = ("SIGUSR1/SIGTERM" if code >= _STOP_PREEMPT else "Ctrl-C (SIGINT)" if code
+            if sums["preempt"] > 0 or sums["interrupt"] > 0 or planned_stop:
+                # A preemption signal anywhere wins over Ctrl-C: the job should be requeued.
+                exit_code = INTERRUPT_EXIT if sums["interrupt"] > 0 and not sums["preempt"] else REQUEUE_EXIT
+                stop_reason = ("SIGUSR1/SIGTERM" if sums["preempt"] > 0 else "Ctrl-C (SIGINT)" if sums["interrupt"] > 0
                                else f"--stop-at-step {cfg.stop_at_step}")
             if checkpoint_due or stop_reason:
                 if not comm.any_true(not _finite(algo.xp, algo.global_weights(), algo.local_weights())):
@@ -500,6 +512,7 @@ def run(args) -> int:
                 break
             if epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0 and step < total_steps:
                 last_eval = evaluate_now()
+            interval["t0"] = time.monotonic()   # checkpoint and evaluation time is not step time
     finally:
         quiet.__exit__(None, None, None)
         stop.restore()

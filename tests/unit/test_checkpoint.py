@@ -197,3 +197,25 @@ def test_split_and_join_keep_arrays_in_order():
     tree = state_of(3)
     skeleton = checkpoint._split(tree, arrays)
     assert_same(tree | {"history": list(tree["history"])}, checkpoint._join(skeleton, arrays))
+
+
+def test_arrays_equal_across_ranks_are_stored_once_as_links(tmp_path):
+    W = np.linspace(0, 1, 5000, dtype=np.float32)
+
+    def states():
+        for rank in range(4):
+            yield rank, {"algo": {"W": W.copy(), "L": W + rank}, "model": {"params": W + rank}}
+
+    path = checkpoint.write_checkpoint(str(tmp_path / "ckpt-00000001.h5"), {"world_size": 4, "step": 1}, states(),
+                                       {"model": {"global_weights": W}})
+    with h5py.File(path, "r") as f:
+        assert isinstance(f.get("rank_0003/algo/W", getlink=True), h5py.SoftLink)
+        assert isinstance(f.get("rank_0002/model/params", getlink=True), h5py.SoftLink)   # = its L
+        assert isinstance(f.get("rank_0001/algo/L", getlink=True), h5py.HardLink)
+        assert np.array_equal(f["model/global_weights"][()], W)
+    for rank in range(4):
+        state = checkpoint.read_rank_state(path, rank)
+        assert np.array_equal(state["algo"]["W"], W) and np.array_equal(state["model"]["params"], W + rank)
+    assert checkpoint.verify(path) == []
+    assert os.path.getsize(path) < 6 * W.nbytes      # W once, four L: not 12 copies
+    assert "-> /rank_0000/algo/W" in checkpoint.describe(path)
