@@ -403,7 +403,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="ranks when relaunching itself (default 2)")
     parser.add_argument("--model", default="wide-mlp", help="model whose step and gradient are measured")
     parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
-    parser.add_argument("--fit-sizes", default="1,4,16", metavar="MB,...", help="allreduce sizes the fit uses")
+    parser.add_argument("--fit-sizes", default="4,16,64", metavar="MB,...", help="allreduce sizes the fit uses")
     parser.add_argument("--check-sizes", default="2,8,32", metavar="MB,...",
                         help="held-out allreduce sizes (the model's gradient size is always added)")
     parser.add_argument("--patterns", default="ssgd,step,period:2,period:5,period:10,localsgd:5",
