@@ -7,13 +7,14 @@ run appends to the same file). Two kinds of record:
 
 ``{"kind": "step", ...}`` every ``--log-every`` steps, averaged over the interval and ranks:
     step (iterations done), epoch (fractional), stage (warmup | delay | ssgd | ...),
-    time (wall seconds of training so far, across resumes), loss (mean training loss),
+    time (wall seconds of the run so far, across resumes, including evaluations and
+    checkpoints), train_s (the same counting training steps only), loss (mean training loss),
     lr, lr_local, samples_per_s (all ranks), step_s (wall seconds per step),
     compute_s / inflight_s / wait_s (per step, mean over ranks: computing, an allreduce
     in flight, blocked waiting for one), wait_max_s (the slowest rank's), bytes_sent
     (per step per rank), overlap (fraction of in-flight time hidden behind compute)
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
-    step, epoch, stage, time, test_acc, test_loss (the global model W), and in the delay
+    step, epoch, stage, time, train_s, test_acc, test_loss (the global model W), and in the delay
     stage test_acc_local, test_loss_local (rank 0's local model L)
 
 Other kinds: ``start`` (run start or resume: world size, config), ``checkpoint`` (path,

@@ -282,13 +282,24 @@ def _finite(xp, *arrays) -> bool:
 # --- ssdmpi train ------------------------------------------------------------------------------
 
 def run(args) -> int:
+    """``ssdmpi train``. Signal handlers go in first, so that a preemption signal arriving during
+    setup is acted on at the first synchronisation point instead of killing the rank."""
+    stop = Stop()
+    stop.install()
+    try:
+        return _train(args, stop)
+    finally:
+        stop.restore()
+
+
+def _train(args, stop: "Stop") -> int:
     import numpy as np
     from mpi4py import MPI
 
     from ssdmpi import __version__, backend, checkpoint
     from ssdmpi import config as configuration
     from ssdmpi.comm.communicator import Communicator
-    from ssdmpi.metrics import MetricsLog, Progress, format_duration, launcher_on_terminal, write_summary
+    from ssdmpi.metrics import MetricsLog, Progress, launcher_on_terminal, write_summary
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -353,7 +364,7 @@ def run(args) -> int:
     evaluator = Evaluator(comm, model, algo, dataset)
 
     # Resume: rank 0 reads the checkpoint and sends every rank its own state.
-    step, elapsed, last_eval, ckpt_written = 0, 0.0, {}, ckpt_path
+    step, elapsed, train_s0, last_eval, ckpt_written = 0, 0.0, 0.0, {}, ckpt_path
     if ckpt_path is not None:
         meta, state, _ = checkpoint.load_collective(comm.control, ckpt_path)
         _agree(comm, lambda: checkpoint.check_compatible(meta, size, cfg.model, int(model.params.size)))
@@ -363,6 +374,7 @@ def run(args) -> int:
         _agree(comm, lambda: loader.load_state_dict(state["loader"]))
         trainer_state = state.get("trainer", {})
         step, elapsed = int(trainer_state.get("step", algo.t)), float(trainer_state.get("elapsed", 0.0))
+        train_s0 = float(trainer_state.get("train_s", 0.0))
         last_eval = dict(trainer_state.get("last_eval") or {})
         if step != algo.t or step != loader.iteration:
             raise UserError(f"{ckpt_path} is inconsistent: trainer step {step}, algorithm t {algo.t}, "
@@ -401,6 +413,7 @@ def run(args) -> int:
                            "buffers": {k: backend.to_host(v).copy() for k, v in model.buffers().items()}},
                  "loader": loader.state_dict(),
                  "trainer": {"step": step, "elapsed": elapsed + (time.monotonic() - t_start),
+                             "train_s": train_s0 + totals["wall"],
                              "last_eval": last_eval}}
         shared = None
         if rank == 0:
@@ -419,7 +432,7 @@ def run(args) -> int:
         algo.drain()
         result = evaluator()
         record = {"kind": "eval", "step": step, "epoch": step / E, "stage": algo.stage,
-                  "time": elapsed + (time.monotonic() - t_start), **result}
+                  "time": elapsed + (time.monotonic() - t_start), "train_s": train_s0 + totals["wall"], **result}
         if log is not None:
             log.write(record)
         text = f"eval  step {step}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  loss {result['test_loss']:.4f}"
@@ -432,8 +445,6 @@ def run(args) -> int:
     # 3. The loop. Each iteration: this rank's batch, one algorithm step. At sync points the
     #    ranks sum their interval metrics and agree on signals and divergence.
     # -------------------------------------------------------------------------------------
-    stop = Stop()
-    stop.install()
     t_start = time.monotonic()
     comm.stats.reset()
     interval = {"steps": 0, "loss": 0.0, "bad": 0, "t0": time.monotonic()}
@@ -484,6 +495,7 @@ def run(args) -> int:
                 totals[key] += record[key] * n
             totals["steps"] += n
             totals["wall"] += wall
+            record["train_s"] = train_s0 + totals["wall"]
             interval = {"steps": 0, "loss": 0.0, "bad": 0, "t0": time.monotonic()}
             if log is not None:
                 log.write(record)
@@ -515,7 +527,6 @@ def run(args) -> int:
             interval["t0"] = time.monotonic()   # checkpoint and evaluation time is not step time
     finally:
         quiet.__exit__(None, None, None)
-        stop.restore()
         progress.close()
 
     run_time = elapsed + (time.monotonic() - t_start)
