@@ -11,20 +11,31 @@ while some thread is inside an MPI call. So ``--progress`` picks who makes those
 - ``thread``: a communication thread runs the allreduce (blocking calls, GIL released)
   while the caller computes; ``wait()`` waits on an event. Needs ``MPI_THREAD_MULTIPLE``.
 
-Default per backend (``default_progress``) is chosen from ``ssdmpi bench comm`` at 2 ranks
-on the 2-core development machine (16 MB float32 buffer, compute sized to the
-allreduce time, overlap = (t_comm + t_compute - t_total) / t_comm, median of 7):
+Default per backend (``default_progress``), chosen from ``ssdmpi bench comm`` at 2 ranks on
+the 2-core development machine (MPICH 5.0.2 wheel; the machine was shared with other jobs,
+load average 6-13, so single numbers move by +-20 points; the ranking held in every run).
+16 MB float32 buffer, compute cut into 10 pieces with ``progress()`` between them, overlap =
+(t_comm + t_compute - t_total) / t_comm, median of paired repeats:
 
-=========  =====================  ========================
-strategy   idle compute (sleep,   CPU-bound compute (NumPy
-           as GPU work leaves)    matmul, as CPU training)
-=========  =====================  ========================
-blocking   0 %                    0 %
-test       see ``bench/comm.py``  see ``bench/comm.py``
-thread     see ``bench/comm.py``  see ``bench/comm.py``
-=========  =====================  ========================
+=============================  ========  =====  ======
+overlap (hidden fraction)      blocking  test   thread
+=============================  ========  =====  ======
+shared memory, idle compute    ~0 %      26 %   83 %
+shared memory, CPU-bound       ~0 %      42 %   21 %
+1 Gbit/s TCP, idle compute     0 %       88 %   98 %
+1 Gbit/s TCP, CPU-bound        1 %       66 %   56 %
+=============================  ========  =====  ======
 
-The measured numbers and the command are in ``ssdmpi/bench/comm.py``'s docstring.
+(idle compute = ``time.sleep``, standing in for GPU kernels, which leave the CPU free;
+CPU-bound = NumPy matmuls; 1 Gbit/s = ``bin/ssdmpi-netns --rate 1gbit``.) So:
+
+- GPU (CuPy) runs default to ``thread``: the CPU is idle while kernels run, and a thread
+  blocked in MPI moves the data the whole time.
+- CPU (NumPy) runs default to ``test``: a spinning communication thread takes a core from the
+  compute, while ``progress()`` calls between layers hand data to the network at little cost.
+  (On a node with spare cores per rank, ``thread`` may win; measure with ``ssdmpi bench comm``.)
+
+Full tables and commands: ``ssdmpi/bench/comm.py``'s docstring.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import threading
 PROGRESS = ("auto", "test", "thread", "blocking")
 
 # Chosen from the measurements above: see ``default_progress``.
-DEFAULTS = {"cpu": "thread", "gpu": "thread"}
+DEFAULTS = {"cpu": "test", "gpu": "thread"}
 
 
 def default_progress(device: str) -> str:
