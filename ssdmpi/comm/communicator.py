@@ -7,7 +7,8 @@ Contract (the layers above code against it):
   gradient/weight traffic, ``.control`` carries metrics and agreement, so control traffic never
   interleaves with an outstanding request. Collective: every rank constructs it together,
   with the same settings. ``.rank``, ``.size``, ``.strategy`` (the resolved progress
-  strategy), ``.stats`` (a ``CommStats``; see ``ssdmpi/comm/stats.py`` for its keys).
+  strategy; ``auto`` picks by ``backend.device()``, so select the backend first), ``.stats``
+  (a ``CommStats``; see ``ssdmpi/comm/stats.py`` for its keys), ``settings()`` (a dict).
 - A *flat buffer* is a C-contiguous array (NumPy, or a device array exposing
   ``__cuda_array_interface__`` such as CuPy's); it is reduced as one 1-D vector, in place.
 - ``allreduce_start(buf, average=True) -> AllreduceHandle``: nonblocking. The caller must not
@@ -252,6 +253,11 @@ class Communicator:
             self.control.Gatherv(data, spec, root=root)
         return [pickle.loads(everything[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
 
+    def settings(self) -> dict:
+        """The resolved settings, for logs and for ``check_agreement`` signatures."""
+        return {"progress": self.strategy, "transport": self.transport.name, "bucket_bytes": self.bucket_bytes,
+                "stall_timeout": self.stall_timeout, "ranks": self.size}
+
     # -- lifetime -------------------------------------------------------------------------
     def free(self) -> None:
         """Collective: finish outstanding requests, stop helper threads, free the communicators."""
@@ -302,6 +308,9 @@ class Communicator:
         t_posted = _clock()
         if average and buf.dtype.kind not in "fc":
             raise TypeError(f"cannot average a {buf.dtype} buffer in place; pass average=False for a sum")
+        for other in self._pending:
+            if other.buf is buf:
+                raise ValueError(f"this buffer is already in flight in {other}; wait() for it before reusing it")
         seq = self._next_seq()
         work = self.transport.to_mpi(buf)
         buckets = self._buckets(work)

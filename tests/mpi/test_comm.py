@@ -258,3 +258,14 @@ def test_control_calls_in_flight_do_not_freeze_the_communication_thread(make_com
         flagged = c.any_true(False)
     assert flagged is False
     np.testing.assert_allclose(buf, reference_mean(c.size, 50_000), rtol=1e-5, atol=1e-6)
+
+
+def test_posting_a_buffer_that_is_still_in_flight_is_refused(make_comm):
+    c = make_comm()
+    buf = rank_data(c.rank, 100)
+    handle = c.allreduce_start(buf)
+    with pytest.raises(ValueError, match="already in flight"):
+        c.allreduce_start(buf)
+    handle.wait()
+    c.allreduce_start(buf).wait()      # fine once waited
+    assert c.settings()["progress"] == c.strategy and c.settings()["ranks"] == c.size
