@@ -448,14 +448,14 @@ def resolve(args, checkpoint_config: dict | None = None) -> TrainConfig:
 
 
 def soft_settings(args, resuming: bool = False) -> set:
-    """Algorithm settings that came from a preset or checkpoint, not from the user's file or flags.
-
-    The trainer drops those that do not apply to the chosen ``--algo`` instead of failing.
+    """Algorithm settings (and ``widths``) that came from a preset or checkpoint, not from the
+    user's file or flags. The trainer drops those that do not apply to the chosen ``--algo``
+    (or ``--model``) instead of failing: ``--model resnet20`` with the default preset's widths.
     """
     given = set(from_flags(args))
     if getattr(args, "config", None):
         given |= set(load_file(args.config))
-    return {k for k in ALGO_SETTINGS if k not in given}
+    return {k for k in ALGO_SETTINGS + ("widths",) if k not in given}
 
 
 def check_resume(old: dict, cfg: TrainConfig) -> None:

@@ -336,6 +336,8 @@ def _train(args, stop: "Stop") -> int:
     # 2. Setup: backend, communicator, data, model (seeded; rank 0's weights broadcast),
     #    algorithm, loader; every rank checks that all agree.
     # -------------------------------------------------------------------------------------
+    if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
+        cfg.widths = None      # the preset's mlp widths; this model has its own shape
     xp = _agree_world(world, lambda: backend.select(cfg.device))
     comm = Communicator(progress=cfg.progress, transport=cfg.transport, stall_timeout=cfg.stall_timeout)
     from ssdmpi.algos import build_algorithm

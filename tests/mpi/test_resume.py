@@ -21,7 +21,7 @@ from ssdmpi.errors import REQUEUE_EXIT
 
 WARMUP, K = 10, 5
 S = 2 * (WARMUP + 3 * K + 2)          # 54: S/2 = 27 is m = 17, two steps into a period of the delay stage
-COMMON = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--steps", str(S),
+COMMON = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8",
           "--lr", "0.05", "--seed", "5", "--eval-every", "0", "--log-every", "1000", "--keep-checkpoints", "0",
           "--no-progress-bar"]
 
@@ -37,13 +37,15 @@ def newest_checkpoint(run_dir: str) -> str:
 
 
 def arrays(path: str) -> dict:
-    """Every array of the training state: /model/... and /rank_*/{algo,model}/..."""
+    """Every float array of the training state, by name (links to arrays stored once included)."""
     out = {}
     with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and obj.dtype.kind == "f" and "/trainer/" not in f"/{name}/":
+        names = []
+        f.visit_links(names.append)
+        for name in names:
+            obj = f[name]
+            if isinstance(obj, h5py.Dataset) and obj.dtype.kind == "f":
                 out[name] = obj[()]
-        f.visititems(visit)
     return out
 
 
@@ -70,28 +72,46 @@ CASES = {
 }
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
-def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
+def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
+    """Run S steps straight, and stopped at S/2 + resumed; return (arrays that differ, arrays compared)."""
     tmp = shared_tmpdir()
-    args = COMMON + CASES[case]
     straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
 
     assert all_ranks(main(["train", "--run-dir", straight] + args)) == [0] * MPI.COMM_WORLD.Get_size()
     codes = all_ranks(main(["train", "--run-dir", split, "--stop-at-step", str(S // 2)] + args))
     assert codes == [REQUEUE_EXIT] * MPI.COMM_WORLD.Get_size()
     assert newest_checkpoint(split) == f"ckpt-{S // 2:08d}.h5"
-    if MPI.COMM_WORLD.Get_rank() == 0 and case.startswith("ssd"):
+    if MPI.COMM_WORLD.Get_rank() == 0 and check_mid_period:
         with h5py.File(os.path.join(split, "checkpoints", newest_checkpoint(split)), "r") as f:
             assert f.attrs["stage"] == "delay"     # stopped inside the delay stage, mid-period
-            assert (S // 2 - WARMUP) % K != 0
+            assert (S // 2 - warmup) % k != 0
     assert all_ranks(main(["train", "--run-dir", split, "--resume", "auto"] + args)) == [0] * MPI.COMM_WORLD.Get_size()
 
-    diff = None
+    result = None
     if MPI.COMM_WORLD.Get_rank() == 0:
         a = os.path.join(straight, "checkpoints", newest_checkpoint(straight))
         b = os.path.join(split, "checkpoints", newest_checkpoint(split))
         assert os.path.basename(a) == os.path.basename(b) == f"ckpt-{S:08d}.h5"
-        diff = differences(a, b)
-    diff = MPI.COMM_WORLD.bcast(diff, root=0)
+        result = differences(a, b), sorted(arrays(a))
+    return MPI.COMM_WORLD.bcast(result, root=0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(CASES))
+def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
+    args = COMMON + ["--steps", str(S)] + CASES[case]
+    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=case.startswith("ssd"))
     assert diff == [], f"not bitwise identical after resume: {diff}"
+    assert "model/global_weights" in compared and f"rank_{MPI.COMM_WORLD.Get_size() - 1:04d}/model/params" in compared
+
+
+@pytest.mark.timeout(300)
+def test_batchnorm_statistics_resume_bitwise_too():
+    """resnet20 (BatchNorm running statistics per rank) on the 8x8 digits: a short run."""
+    s, warmup, k = 18, 4, 2
+    args = ["--dataset", "digits", "--model", "resnet20", "--batch-size", "4", "--steps", str(s), "--seed", "1",
+            "--algo", "ssd", "--comm", "step", "--delay", str(k), "--warmup-steps", str(warmup),
+            "--eval-every", "0", "--log-every", "1000", "--keep-checkpoints", "0", "--no-progress-bar"]
+    diff, compared = stop_and_resume_differences(args, s, warmup, k)
+    assert diff == [], f"not bitwise identical after resume: {diff}"
+    assert any(name.startswith("rank_0000/model/buffers/") and "running_mean" in name for name in compared)
