@@ -6,6 +6,8 @@
   (what ``--signal=B:USR1@LEAD`` does at the time limit), checkpoints, exits 85, requeues
   itself, resumes and finishes with final weights bitwise identical to the
   uninterrupted job's;
+- the real time-limit path: Slurm's own ``--signal=B:USR1@45`` on a 1-minute job
+  requeues and resumes it; a plain ``scancel`` (SIGTERM) checkpoints but does not requeue;
 - ``jobs/sweep.sbatch`` runs a 2-task array with different delays k into separate run
   directories, through the templates' other launcher (MPICH's ``mpiexec``), with one of
   the tasks preempted and requeued on its own;
@@ -160,6 +162,39 @@ def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_
     for key in ("W", "rank0", "rank1"):
         assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), \
             f"{key} differs after preemption + resume (max |diff| {np.abs(got[key] - want[key]).max()})"
+
+
+def test_time_limit_signal_requeues_and_a_cancel_stays_cancelled(slurm_cluster, trainer, tmp_path):
+    """The real lead-time path: a run far longer than its 1-minute limit gets Slurm's own
+    ``--signal=B:USR1@45``, checkpoints, requeues and resumes; a plain ``scancel`` (SIGTERM)
+    then still checkpoints, but ends the job for good instead of requeueing it."""
+    args = (TRAIN_ARGS.replace(f"--steps {STEPS}", "--steps 1000000").replace("--log-every 5", "--log-every 20")
+            .replace("--keep-checkpoints 0", "--keep-checkpoints 2"))
+    job = slurm_cluster.sbatch(JOBS / "train.sbatch", "--time=1", "--signal=B:USR1@45", cwd=tmp_path,
+                               env={"SSDMPI_ARGS": args})
+    run_dir, out = tmp_path / "runs" / f"ssdmpi-train-{job}", tmp_path / f"ssdmpi-train-{job}.out"
+    # Slurm checks time limits about every 30 s: the signal comes 15-45 s into the job.
+    deadline = time.monotonic() + 240
+    while not (len(starts := records(run_dir, "start")) == 2 and
+               [r for r in records(run_dir, "step") if r["step"] > starts[1]["step"]]):
+        if time.monotonic() > deadline or slurm_cluster.job(job).get("JobState") not in ("PENDING", "RUNNING"):
+            pytest.fail(f"job {job} was not requeued and resumed\n{slurm_cluster.explain(job, [out])}")
+        time.sleep(0.5)
+    slurm_cluster.run(["scancel", str(job)])
+    (record,) = slurm_cluster.wait_done(job, 120, [out])
+    text, why = out.read_text(), slurm_cluster.explain(job, [out])
+
+    assert record["JobState"] == "CANCELLED" and record["Restarts"] == "1", why
+    assert "got SIGUSR1" in text and "got SIGTERM" in text, why
+    assert text.count("ssdmpi train exited with 85") == 2, why     # checkpointed both times ...
+    assert text.count("requeueing job") == 1, why                   # ... but requeued only on USR1
+    first, second = records(run_dir, "start")
+    assert first["resumed_from"] is None and second["resumed_from"], why
+    stops = records(run_dir, "stop")
+    assert [s["exit_code"] for s in stops] == [85, 85], why
+    assert second["step"] == stops[0]["step"] < stops[1]["step"], why   # resumed where it stopped
+    saved = {Path(c["path"]).name for c in records(run_dir, "checkpoint") if c["reason"] == "signal"}
+    assert {f"ckpt-{s['step']:08d}.h5" for s in stops} <= saved, why
 
 
 def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, trainer, tmp_path):
