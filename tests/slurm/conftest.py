@@ -37,6 +37,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS = ROOT / "jobs"
 
+# Job states after which a job will not run again (COMPLETING and REQUEUED are on the way
+# back to PENDING when a job requeues itself, so they are not here).
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
 START_TIMEOUT = 90      # seconds for munged + slurmctld + slurmd to report an idle node
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
 
@@ -258,6 +262,10 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             return {}
         line = r.stdout.strip().splitlines()[0]
         return dict(m.groups() for m in re.finditer(r"(\w+(?::\w+)?)=(\S*)", line))
+
+    def finished(self, job_id) -> bool:
+        """The job is in a final state (or unknown to the controller)."""
+        return self.job(job_id).get("JobState", "COMPLETED") in FINAL_STATES
 
     def array_tasks(self, array_job_id: int) -> list[dict]:
         """``scontrol show job`` of each task of an array job."""

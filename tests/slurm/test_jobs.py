@@ -105,7 +105,7 @@ def signal_mid_training(cluster, job, run_dir: Path, out: Path, after_step: int 
     ``--signal=B:USR1@LEAD`` does at the time limit (``job``: an id or ``ARRAYID_TASK``)."""
     deadline = time.monotonic() + JOB_TIMEOUT
     while not [r for r in records(run_dir, "step") if r["step"] >= after_step]:
-        if time.monotonic() > deadline or cluster.job(job).get("JobState") not in ("PENDING", "RUNNING"):
+        if time.monotonic() > deadline or cluster.finished(job):
             pytest.fail(f"job {job} never logged step {after_step}\n{cluster.explain(job, [out])}")
         time.sleep(0.2)
     cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
@@ -177,7 +177,7 @@ def test_time_limit_signal_requeues_and_a_cancel_stays_cancelled(slurm_cluster, 
     deadline = time.monotonic() + 240
     while not (len(starts := records(run_dir, "start")) == 2 and
                [r for r in records(run_dir, "step") if r["step"] > starts[1]["step"]]):
-        if time.monotonic() > deadline or slurm_cluster.job(job).get("JobState") not in ("PENDING", "RUNNING"):
+        if time.monotonic() > deadline or slurm_cluster.finished(job):
             pytest.fail(f"job {job} was not requeued and resumed\n{slurm_cluster.explain(job, [out])}")
         time.sleep(0.5)
     slurm_cluster.run(["scancel", str(job)])
