@@ -275,6 +275,51 @@ class Evaluator:
         return out
 
 
+class Interval:
+    """This rank's steps since the last synchronisation point, and their reduction over ranks."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps, self.loss, self.bad, self.t0 = 0, 0.0, 0, time.monotonic()
+
+    def add(self, loss: float) -> None:
+        self.steps += 1
+        if math.isfinite(loss):
+            self.loss += loss
+        else:
+            self.bad += 1
+
+    def reduce(self, comm, stop: "Stop") -> dict:
+        """Collective: sums over ranks of the interval's numbers, the signal flags and the
+        communication stats (one allreduce of a few float64 over the control communicator)."""
+        c = comm.stats.snapshot_and_reset()
+        sums = comm.allreduce_scalars({
+            "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": self.bad, "loss": self.loss,
+            "steps": self.steps, "wall": time.monotonic() - self.t0, "inflight_s": c["inflight_s"],
+            "wait_s": c["wait_s"], "bytes_sent": c["bytes_sent"]}, op="sum")
+        sums["my_steps"], sums["my_wall"] = self.steps, time.monotonic() - self.t0
+        return sums
+
+
+def step_record(sums: dict, global_batch: int) -> dict:
+    """The per-step means of a ``kind: step`` metrics record (see ssdmpi/metrics.py) from ``Interval.reduce``.
+
+    Times and bytes are per step, averaged over ranks; ``compute_s`` is the step time not
+    spent blocked on communication; ``samples_per_s`` counts all ranks (rank 0's clock).
+    """
+    per = max(1.0, sums["steps"])   # rank-steps in the interval
+    step_s = sums["wall"] / per
+    good = sums["steps"] - sums["bad"]
+    return {"loss": sums["loss"] / good if good > 0 else None,
+            "samples_per_s": sums["my_steps"] * global_batch / sums["my_wall"] if sums["my_wall"] > 0 else None,
+            "step_s": step_s, "compute_s": step_s - sums["wait_s"] / per,
+            "inflight_s": sums["inflight_s"] / per, "wait_s": sums["wait_s"] / per,
+            "bytes_sent": sums["bytes_sent"] / per,
+            "overlap": min(1.0, max(0.0, 1 - sums["wait_s"] / sums["inflight_s"])) if sums["inflight_s"] > 0 else 0.0}
+
+
 def _finite(xp, *arrays) -> bool:
     return all(a is None or bool(xp.isfinite(a).all()) for a in arrays)
 
@@ -449,86 +494,59 @@ def _train(args, stop: "Stop") -> int:
     # -------------------------------------------------------------------------------------
     t_start = time.monotonic()
     comm.stats.reset()
-    interval = {"steps": 0, "loss": 0.0, "bad": 0, "t0": time.monotonic()}
+    interval = Interval()
     totals = {"steps": 0, "wall": 0.0, "compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
     exit_code, stop_reason = 0, None
-    quiet = np.errstate(over="ignore", invalid="ignore")   # non-finite values are detected, not warned about
-    quiet.__enter__()
     try:
-        while step < total_steps:
-            xb, yb = loader.next_batch()
-            loss = algo.step(backend.to_device(xb), backend.to_device(yb))
-            step += 1
-            loss = float(loss)
-            interval["steps"] += 1
-            if math.isfinite(loss):
-                interval["loss"] += loss
-            else:
-                interval["bad"] += 1
-            progress.advance(step)
+        with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
+            while step < total_steps:
+                xb, yb = loader.next_batch()
+                loss = algo.step(backend.to_device(xb), backend.to_device(yb))
+                step += 1
+                interval.add(float(loss))
+                progress.advance(step)
 
-            epoch_end = step % E == 0
-            checkpoint_due = epoch_end or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            planned_stop = cfg.stop_at_step is not None and step == cfg.stop_at_step
-            if not (step % cfg.log_every == 0 or checkpoint_due or planned_stop or step == total_steps):
-                continue
+                epoch_end = step % E == 0
+                checkpoint_due = epoch_end or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                planned_stop = cfg.stop_at_step is not None and step == cfg.stop_at_step
+                if not (step % cfg.log_every == 0 or checkpoint_due or planned_stop or step == total_steps):
+                    continue
 
-            # -- synchronisation point: one allreduce of a few numbers over the control communicator
-            c = comm.stats.snapshot_and_reset()
-            wall = time.monotonic() - interval["t0"]
-            n = interval["steps"]
-            sums = comm.allreduce_scalars({
-                "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": interval["bad"], "loss": interval["loss"], "steps": n,
-                "wall": wall, "inflight_s": c["inflight_s"], "wait_s": c["wait_s"], "bytes_sent": c["bytes_sent"]},
-                op="sum")
-            per = max(1.0, sums["steps"])   # rank-steps in the interval
-            step_s = sums["wall"] / per
-            record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage,
-                      "time": elapsed + (time.monotonic() - t_start),
-                      "loss": sums["loss"] / max(1.0, sums["steps"] - sums["bad"]) if sums["bad"] < per else None,
-                      "lr": algo.lr_global, "lr_local": algo.lr_local,
-                      "samples_per_s": n * cfg.batch_size * size / wall if wall > 0 else None,
-                      "step_s": step_s, "compute_s": step_s - sums["wait_s"] / per,
-                      "inflight_s": sums["inflight_s"] / per, "wait_s": sums["wait_s"] / per,
-                      "bytes_sent": sums["bytes_sent"] / per,
-                      "overlap": min(1.0, max(0.0, 1 - sums["wait_s"] / sums["inflight_s"])) if sums["inflight_s"] > 0
-                      else 0.0}
-            for key in ("compute_s", "inflight_s", "wait_s", "bytes_sent"):
-                totals[key] += record[key] * n
-            totals["steps"] += n
-            totals["wall"] += wall
-            record["train_s"] = train_s0 + totals["wall"]
-            interval = {"steps": 0, "loss": 0.0, "bad": 0, "t0": time.monotonic()}
-            if log is not None:
-                log.write(record)
-            progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
-                                   "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
-                                   "acc": last_eval.get("test_acc")})
+                # -- synchronisation point: metrics, signals and divergence agreed by all ranks at once
+                sums = interval.reduce(comm, stop)
+                record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage,
+                          "time": elapsed + (time.monotonic() - t_start), "lr": algo.lr_global,
+                          "lr_local": algo.lr_local, **step_record(sums, cfg.batch_size * size)}
+                for key in ("compute_s", "inflight_s", "wait_s", "bytes_sent"):
+                    totals[key] += record[key] * interval.steps
+                totals["steps"] += interval.steps
+                totals["wall"] += sums["my_wall"]
+                record["train_s"] = train_s0 + totals["wall"]
+                if log is not None:
+                    log.write(record)
+                progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
+                                       "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
+                                       "acc": last_eval.get("test_acc")})
 
-            # -- divergence: stop at once, keep the last good checkpoint
-            if sums["bad"] > 0:
-                stop_reason = f"diverged: non-finite training loss by step {step}"
-                exit_code = DIVERGED_EXIT
-                break
-            # -- signals and planned stops: drain, checkpoint, exit
-            if sums["preempt"] > 0 or sums["interrupt"] > 0 or planned_stop:
-                # A preemption signal anywhere wins over Ctrl-C: the job should be requeued.
-                exit_code = INTERRUPT_EXIT if sums["interrupt"] > 0 and not sums["preempt"] else REQUEUE_EXIT
-                stop_reason = ("SIGUSR1/SIGTERM" if sums["preempt"] > 0 else "Ctrl-C (SIGINT)" if sums["interrupt"] > 0
-                               else f"--stop-at-step {cfg.stop_at_step}")
-            if checkpoint_due or stop_reason:
-                if not comm.any_true(not _finite(algo.xp, algo.global_weights(), algo.local_weights())):
-                    ckpt_written = save("signal" if stop_reason else "epoch" if epoch_end else "periodic")
-                else:
-                    stop_reason, exit_code = f"diverged: non-finite weights at step {step}", DIVERGED_EXIT
+                if sums["bad"] > 0:        # divergence: stop at once, keep the last good checkpoint
+                    stop_reason, exit_code = f"diverged: non-finite training loss by step {step}", DIVERGED_EXIT
                     break
-            if stop_reason:
-                break
-            if epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0 and step < total_steps:
-                last_eval = evaluate_now()
-            interval["t0"] = time.monotonic()   # checkpoint and evaluation time is not step time
+                if sums["preempt"] > 0 or sums["interrupt"] > 0 or planned_stop:
+                    # a preemption signal anywhere wins over Ctrl-C: the job should be requeued
+                    exit_code = INTERRUPT_EXIT if sums["interrupt"] > 0 and not sums["preempt"] else REQUEUE_EXIT
+                    stop_reason = ("SIGUSR1/SIGTERM" if sums["preempt"] > 0 else
+                                   "Ctrl-C (SIGINT)" if sums["interrupt"] > 0 else f"--stop-at-step {cfg.stop_at_step}")
+                if checkpoint_due or stop_reason:
+                    if comm.any_true(not _finite(algo.xp, algo.global_weights(), algo.local_weights())):
+                        stop_reason, exit_code = f"diverged: non-finite weights at step {step}", DIVERGED_EXIT
+                        break
+                    ckpt_written = save("signal" if stop_reason else "epoch" if epoch_end else "periodic")
+                if stop_reason:
+                    break
+                if epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0 and step < total_steps:
+                    last_eval = evaluate_now()
+                interval.reset()   # after the checkpoint and evaluation: their time is not step time
     finally:
-        quiet.__exit__(None, None, None)
         progress.close()
 
     run_time = elapsed + (time.monotonic() - t_start)
@@ -556,8 +574,7 @@ def _train(args, stop: "Stop") -> int:
     # 4. The end: every communicated gradient into W, final checkpoint, evaluation, summary.
     # -------------------------------------------------------------------------------------
     algo.finalize()
-    if step > 0 or ckpt_written is None:
-        ckpt_written = save("final")
+    ckpt_written = save("final")
     last_eval = evaluate_now()
     if rank == 0:
         steps = max(1, totals["steps"])
