@@ -12,7 +12,7 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K 64K 4M ...] [--re
 (b) **overlap**: ``allreduce_start`` of an ``--overlap-size`` buffer, then compute sized to
     ``--compute-ratio`` times the allreduce time, then ``wait``; per strategy, interleaved, for
     CPU-bound compute (NumPy float32 matmuls) and idle compute (``time.sleep``, standing in for
-    GPU work). The compute is cut into 10 pieces with ``Communicator.progress()`` between them
+    GPU work). The compute is cut into ``--pieces`` (10) with ``Communicator.progress()`` between them
     (as a trainer calls it between layers). ``overlap = (t_comm + t_compute - t_total) / t_comm``
     (1.0: the allreduce was fully hidden), each term the slowest rank's in that repeat, median
     over repeats. ``stats``
@@ -54,6 +54,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overlap-size", default="16M", help="buffer size for the overlap part (default 16M)")
     parser.add_argument("--compute-ratio", type=float, default=1.2,
                         help="compute time as a multiple of the allreduce time in the overlap part (default 1.2)")
+    parser.add_argument("--pieces", type=int, default=10,
+                        help="the compute is cut into this many pieces with progress() between them (default 10)")
     parser.add_argument("--strategies", nargs="+", choices=("blocking", "test", "thread"),
                         default=["blocking", "test", "thread"], help="progress strategies to compare")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -112,8 +114,8 @@ def bandwidth(world, sizes, repeats: int) -> list:
     return rows
 
 
-def _matmul_work(seconds: float):
-    """A list of 10 callables of NumPy matmul work totalling about ``seconds``."""
+def _matmul_work(seconds: float, pieces: int):
+    """A list of ``pieces`` callables of NumPy matmul work totalling about ``seconds``."""
     import numpy as np
 
     a = np.random.default_rng(0).standard_normal((192, 192)).astype(np.float32)
@@ -122,19 +124,19 @@ def _matmul_work(seconds: float):
     for _ in range(20):
         np.matmul(a, a, out=out)
     one = (time.perf_counter() - start) / 20
-    per_piece = max(1, round(seconds / 10 / one))
+    per_piece = max(1, round(seconds / pieces / one))
 
     def piece():
         for _ in range(per_piece):
             np.matmul(a, a, out=out)
-    return [piece] * 10
+    return [piece] * pieces
 
 
-def _sleep_work(seconds: float):
-    return [lambda: time.sleep(seconds / 10)] * 10
+def _sleep_work(seconds: float, pieces: int):
+    return [lambda: time.sleep(seconds / pieces)] * pieces
 
 
-def overlap(world, nbytes: int, repeats: int, strategies, ratio: float) -> list:
+def overlap(world, nbytes: int, repeats: int, strategies, ratio: float, pieces: int = 10) -> list:
     """Part (b): one row per (compute kind, strategy)."""
     import numpy as np
     from mpi4py import MPI
@@ -156,7 +158,7 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float) -> list:
         world.Allreduce(MPI.IN_PLACE, t_comm, op=MPI.MAX)     # every rank sizes the same compute
         t_comm = float(t_comm[0])
         for kind, make in (("cpu-bound (matmul)", _matmul_work), ("idle (sleep)", _sleep_work)):
-            work = make(ratio * t_comm)
+            work = make(ratio * t_comm, pieces)
             alone, totals, comm_only = [], {s: [] for s in strategies}, []
             for s in strategies:
                 comms[s].stats.reset()
@@ -190,7 +192,7 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float) -> list:
                 stats = np.array([comms[s].stats.snapshot_and_reset()["overlap"]])
                 world.Allreduce(MPI.IN_PLACE, stats, op=MPI.MIN)
                 total = table[2 + i]
-                rows.append({"compute": kind, "strategy": s, "bytes": nbytes,
+                rows.append({"compute": kind, "strategy": s, "bytes": nbytes, "pieces": pieces,
                              "comm_s": float(np.median(t_comm_k)), "compute_s": float(np.median(t_compute)),
                              "total_s": float(np.median(total)),
                              "overlap": float(np.median((t_comm_k + t_compute - total) / t_comm_k)),
@@ -232,8 +234,8 @@ def run(args) -> int:
 
     from ssdmpi.errors import UserError
 
-    if args.repeats < 1:
-        raise UserError("--repeats must be at least 1")
+    if args.repeats < 1 or args.pieces < 1:
+        raise UserError("--repeats and --pieces must be at least 1")
     sizes = _sizes(args.sizes)
     world = MPI.COMM_WORLD
     result = {"ranks": world.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0].strip()}
@@ -243,7 +245,7 @@ def run(args) -> int:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
     if "overlap" in args.parts:
         result["overlap"] = overlap(world, _sizes([args.overlap_size])[0], args.repeats, list(args.strategies),
-                                    args.compute_ratio)
+                                    args.compute_ratio, args.pieces)
     if world.Get_rank() == 0:
         if args.json:
             print(json.dumps(result, indent=1))
