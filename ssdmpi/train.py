@@ -451,6 +451,10 @@ def _train(args, stop: "Stop") -> int:
                      f"batch {cfg.batch_size} per rank, {total_steps} steps ({E} per epoch), {backend.device()}, "
                      f"run directory {cfg.run_dir}"
                      + (f"; resumed from {ckpt_path} at step {step}" if ckpt_path else ""))
+    if ckpt_meta is not None:
+        changes = configuration.changed_settings(ckpt_meta.get("config", {}), cfg)
+        if changes:
+            progress.message("settings changed since the checkpoint: " + ", ".join(changes))
 
     def save(reason: str) -> str:
         """Drain, then write every rank's state into one checkpoint file (collective)."""
