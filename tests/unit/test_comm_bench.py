@@ -1,6 +1,7 @@
 """``ssdmpi bench comm`` runs end to end at 2 ranks and reports what its docstring promises."""
 
 import json
+import math
 
 from tests.conftest import run_cli
 
@@ -19,7 +20,9 @@ def test_bench_comm_json_at_two_ranks():
     pairs = {(row["compute"], row["strategy"]) for row in result["overlap"]}
     assert pairs == {(c, s) for c in ("cpu-bound (matmul)", "idle (sleep)") for s in ("blocking", "test", "thread")}
     for row in result["overlap"]:
-        assert row["comm_s"] > 0 and row["total_s"] > 0 and -10 < row["overlap"] <= 1.5
+        # Tiny buffers on a shared machine make the overlap itself noise; check its shape only.
+        assert row["comm_s"] > 0 and row["total_s"] > 0 and math.isfinite(row["overlap"])
+        assert 0.0 <= row["stats_overlap"] <= 1.0 and row["pieces"] == 10
 
 
 def test_bench_comm_rejects_a_bad_size():
