@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.errors import UserError
