@@ -117,10 +117,10 @@ class Transport:
     def _staging_for(self, buf):
         """A pinned host buffer for this device buffer, reused across calls."""
         cai = buf.__cuda_array_interface__
-        key = (cai["data"][0], buf.size, buf.dtype.str)
+        key = (cai["data"][0], tuple(cai["shape"]), buf.dtype.str)
         host = self._staging.get(key)
         if host is None:
             if len(self._staging) >= 16:   # a caller cycling through many buffers: do not hoard pinned memory
                 self._staging.clear()
-            host = self._staging[key] = self._backend.pinned_empty(buf.size, buf.dtype)
+            host = self._staging[key] = self._backend.pinned_empty(tuple(cai["shape"]), buf.dtype)
         return host
