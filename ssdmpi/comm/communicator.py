@@ -3,7 +3,8 @@
 Contract (the layers above code against it):
 
 - ``Communicator(comm=None, progress="auto", transport="auto", bucket_bytes=None,
-  stall_timeout=300.0)`` duplicates ``comm`` (default COMM_WORLD): ``.comm`` carries
+  stall_timeout=300.0)`` duplicates ``comm`` (default COMM_WORLD; a third duplicate is the
+  stall watchdog's, ``stall_timeout=None`` or 0 disables it): ``.comm`` carries
   gradient/weight traffic, ``.control`` carries metrics and agreement, so control traffic never
   interleaves with an outstanding request. Collective: every rank constructs it together,
   with the same settings. ``.rank``, ``.size``, ``.strategy`` (the resolved progress
@@ -134,7 +135,14 @@ class Communicator:
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         self.stall_timeout = stall_timeout
         self.stats = CommStats()
-        self._watchdog = StallWatchdog(base, stall_timeout) if stall_timeout and stall_timeout > 0 else None
+        # Always duplicated, watchdog or not: a rank with a different --stall-timeout must not
+        # leave the others waiting in a collective Dup (check_agreement reports the difference).
+        watch_comm = base.Dup()
+        self._watchdog = self._spare = None
+        if stall_timeout and stall_timeout > 0:
+            self._watchdog = StallWatchdog(watch_comm, stall_timeout)
+        else:
+            self._spare = watch_comm
         self._thread = CommThread() if strategy == "thread" else None
         self._pending: list = []     # handles not yet finalised, in posting order
         self._seq = 0
@@ -264,8 +272,8 @@ class Communicator:
         self._drain()
         self._stop_threads()
         atexit.unregister(self._stop_threads)
-        for c in (self.comm, self.control):
-            if c != self.MPI.COMM_NULL:
+        for c in (self.comm, self.control, self._spare):
+            if c is not None and c != self.MPI.COMM_NULL:
                 c.Free()
 
     def _stop_threads(self) -> None:

@@ -32,19 +32,19 @@ class StallWatchdog:
     """Watches the caller's blocking waits; ``timeout`` seconds in one wait aborts the job.
 
     ``begin(what, seq)`` / ``end()`` bracket a wait (two attribute writes: cheap);
-    ``posted(seq)`` records the caller posting operation ``#seq``. ``stop()`` joins the
-    thread and frees the private communicator (collective over ``base``'s ranks is NOT
-    required: every rank frees its own duplicate when it is done).
+    ``posted(seq)`` records the caller posting operation ``#seq``. ``comm`` is a private
+    duplicate the watchdog owns (queries and replies only); ``stop()`` joins the thread and
+    frees it.
     """
 
-    def __init__(self, base, timeout: float, reply_window: float | None = None):
+    def __init__(self, comm, timeout: float, reply_window: float | None = None):
         from mpi4py import MPI
 
         self.MPI = MPI
         self.timeout = float(timeout)
         self.poll = min(0.25, self.timeout / 4)
         self.reply_window = reply_window if reply_window is not None else min(5.0, max(3.0, self.timeout))
-        self.comm = base.Dup()
+        self.comm = comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.can_talk = MPI.Query_thread() == MPI.THREAD_MULTIPLE and self.size > 1
         self.posted_seq = 0

@@ -268,3 +268,17 @@ def test_posting_a_buffer_that_is_still_in_flight_is_refused(make_comm):
     handle.wait()
     c.allreduce_start(buf).wait()      # fine once waited
     assert c.settings()["progress"] == c.strategy and c.settings()["ranks"] == c.size
+
+
+def test_ranks_with_different_stall_timeouts_still_construct_and_can_compare(comm):
+    # Only rank 0 runs a watchdog; construction must not hang, and the difference is reportable.
+    c = Communicator(comm, progress="test", stall_timeout=300.0 if comm.Get_rank() == 0 else None)
+    try:
+        buf = rank_data(c.rank, 100)
+        c.allreduce_start(buf).wait()
+        np.testing.assert_allclose(buf, reference_mean(c.size, 100), rtol=1e-5, atol=1e-6)
+        if c.size > 1:
+            with pytest.raises(UserError, match="stall_timeout"):
+                c.check_agreement(c.settings())
+    finally:
+        c.free()
