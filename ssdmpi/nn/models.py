@@ -39,8 +39,12 @@ def mlp(input_shape, num_classes, widths=(256,), dropout: float = 0.0, **kwargs)
     return Model(layers, input_shape, name="mlp", **kwargs)
 
 
+WIDE_MLP_WIDTHS = (4096, 4096)
+
+
 def wide_mlp(input_shape, num_classes, **kwargs) -> Model:
-    kwargs.setdefault("widths", (4096, 4096))
+    """``mlp`` with :data:`WIDE_MLP_WIDTHS` hidden layers (overridable by ``widths``)."""
+    kwargs.setdefault("widths", WIDE_MLP_WIDTHS)
     model = mlp(input_shape, num_classes, **kwargs)
     model.name = "wide-mlp"
     return model
