@@ -107,7 +107,14 @@ class AllreduceHandle:
 
 
 class Communicator:
-    """Gradient/weight traffic (``comm``) and control traffic (``control``) on separate duplicates."""
+    """Gradient/weight traffic (``comm``) and control traffic (``control``) on separate duplicates.
+
+    Args (see the module contract): ``progress``: ``auto|test|thread|blocking``;
+    ``transport``: ``auto|cuda-aware|host`` (device buffers only); ``bucket_bytes``: None
+    for one fused request, else the size of each fixed slice; ``stall_timeout``: seconds,
+    None or 0 disables the watchdog; ``synchronize``: the hook that waits for the stream
+    producing device buffers (default ``backend.synchronize``; tests pass a fake).
+    """
 
     def __init__(self, comm=None, progress: str = "auto", transport: str = "auto", bucket_bytes=None,
                  stall_timeout: float | None = 300.0, synchronize=None):
