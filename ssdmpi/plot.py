@@ -373,7 +373,7 @@ def make_figures(runs, out_dir, title: str = "") -> list:
     figures = {
         "accuracy_vs_time.png": _accuracy_figure(plt, runs, "train_time",
                                                  "training time (s, wall clock, evaluations excluded)",
-                                                 prefix + "Test accuracy vs wall time"),
+                                                 prefix + "Test accuracy vs training time"),
         "accuracy_vs_epoch.png": _accuracy_figure(plt, runs, "epoch", "epoch",
                                                   prefix + "Test accuracy vs epochs"),
         "loss.png": _loss_figure(plt, runs, prefix),
