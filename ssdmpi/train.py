@@ -505,6 +505,8 @@ def _train(args, stop: "Stop") -> int:
         with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
             while step < total_steps:
                 xb, yb = loader.next_batch()
+                if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
+                    xb = xb.astype(model.dtype)
                 loss = algo.step(backend.to_device(xb), backend.to_device(yb))
                 step += 1
                 interval.add(float(loss))

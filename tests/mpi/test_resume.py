@@ -66,6 +66,8 @@ CASES = {
     "ssd-step": ["--algo", "ssd", "--comm", "step", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     "ssd-step-glu-paper": ["--algo", "ssd", "--comm", "step", "--delay", str(K), "--warmup-steps", str(WARMUP),
                            "--local-update", "glu-paper"],
+    "ssd-step-float64": ["--algo", "ssd", "--comm", "step", "--delay", str(K), "--warmup-steps", str(WARMUP),
+                         "--dtype", "float64"],
     "ssd-period": ["--algo", "ssd", "--comm", "period", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     "ssgd": ["--algo", "ssgd"],
     "localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP)],
