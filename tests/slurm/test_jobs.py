@@ -134,6 +134,17 @@ def test_train_job_completes_with_metrics_and_final_checkpoint(uninterrupted):
     assert "ssdmpi train exited with 0" in out.read_text()
 
 
+def test_train_job_runs_with_its_defaults(slurm_cluster, trainer, tmp_path):
+    """``sbatch jobs/train.sbatch`` with nothing set: the template's own defaults work."""
+    job = slurm_cluster.sbatch(JOBS / "train.sbatch", cwd=tmp_path)
+    run_dir, out = tmp_path / "runs" / f"ssdmpi-train-{job}", tmp_path / f"ssdmpi-train-{job}.out"
+    (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", slurm_cluster.explain(job, [out])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["world_size"] == 2
+    assert final_state(run_dir)["step"] == summary["step"]
+
+
 def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_cluster, uninterrupted,
                                                                          tmp_path):
     cwd = tmp_path
