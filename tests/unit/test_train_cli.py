@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ def assert_one_line_error(result, needle):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux 'script' to give mpiexec a terminal")
 def test_readme_first_command_trains_the_default_dataset_to_90_percent_in_a_minute(tmp_path):
     """``mpiexec -n 4 ssdmpi train``, no arguments, on a terminal (a pty): progress bar, summary."""
     command = f"{shlex.quote(mpiexec())} -n 4 {shlex.quote(sys.executable)} -m ssdmpi train"
@@ -133,8 +135,6 @@ def flip_byte_in(path: Path, dataset: str, at: int = 11):
 
 
 def test_resume_auto_skips_truncated_and_flipped_checkpoints(two_rank_run, tmp_path):
-    import shutil
-
     run = tmp_path / "run"
     shutil.copytree(two_rank_run, run)
     with open(run / "checkpoints" / "ckpt-00000040.h5", "r+b") as f:
@@ -234,8 +234,6 @@ def test_sigusr1_from_outside_to_one_rank_exits_85_on_every_rank(tmp_path):
 
 
 def test_divergence_is_one_line_with_exit_3(two_rank_run, tmp_path):
-    import shutil
-
     run = tmp_path / "run"
     shutil.copytree(two_rank_run, run)
     result = run_cli(["train", "--run-dir", str(run), "--resume", "auto", "--lr", "1e30", "--steps", "80"], ranks=2)
