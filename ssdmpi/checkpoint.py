@@ -12,20 +12,27 @@ time, so rank 0 holds at most two ranks' state). Plain h5py or ``h5dump`` can re
     /model/global_weights           float [n]   the global model W (from rank 0)
     /model/buffers/<name>           rank 0's BatchNorm running statistics (what ``ssdmpi eval`` uses)
     /rank_0000/ ... /rank_<N-1>/    one group per rank: that rank's whole state, a tree of
-        model/params                    the flat parameter buffer as the model held it
+        model/params                    the flat parameter buffer as the model held it (W in the
+                                        warm-up, this rank's L in the delay stage)
         model/buffers/<name>            this rank's BN statistics
-        algo/...                        algo.state_dict() (W, M, L, P, accumulators, counters, stage, ...)
-        loader/...                      loader.state_dict() (epoch, position, RNG state)
-        trainer/...                     the trainer's counters
+        algo/...                        algo.state_dict() (W, M, L, P, accumulators, counters t, s,
+                                        stage, ...; see ssdmpi/algos/__init__.py)
+        loader/...                      loader.state_dict() (epoch, position, seeds: the data order
+                                        and augmentation draws are functions of these)
+        trainer/...                     step, elapsed and training seconds, last evaluation
 
-Inside a tree, arrays are datasets (contiguous, uncompressed, so offsets are stable;
-an array equal to one already written - W and M on every rank, model/params = W or L -
-is an HDF5 soft link to it, which h5py and h5dump follow),
+Inside a tree, arrays are datasets (contiguous, uncompressed, so offsets are stable),
 nested dicts are groups, and every other value of a group (numbers, strings, lists, None)
-is kept in that group's ``_values`` dataset as a JSON string. NumPy scalars are 0-d
+is kept in that group's ``_values`` dataset as a JSON string. An array equal to one
+already in the file (W and M are the same on every rank; model/params is W or L) is
+stored once: the later name is an HDF5 soft link to the first (h5py and h5dump follow
+it), which keeps a checkpoint near one copy of each distinct buffer. NumPy scalars are 0-d
 datasets with attr ``scalar=1`` so they come back with their dtype (bitwise resume).
 Every dataset carries attr ``sha256`` (of dtype, shape and raw bytes); ``/meta`` lists all
 of them again, so a truncated file, a flipped byte or a missing dataset is detected.
+
+Example: ``h5py.File(path)["rank_0001/algo/L"][()]`` is rank 1's local model;
+``ssdmpi ckpt inspect PATH`` lists everything; ``ssdmpi ckpt verify PATH`` checks it.
 
 Writes are atomic: a temporary file in the same directory, flushed and fsynced, renamed
 over the final name, then the directory fsynced; an existing file is never written in
