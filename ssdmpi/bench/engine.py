@@ -46,18 +46,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def _limit_threads() -> str:
-    """Limit NumPy's BLAS to one thread; say how."""
+def _limit_threads():
+    """Limit NumPy's BLAS to one thread. Returns (how, limiter or None); the limiter restores on
+    ``restore_original_limits()``."""
     try:
         import threadpoolctl
     except ImportError:
         if os.environ.get("OPENBLAS_NUM_THREADS") == "1" or os.environ.get("OMP_NUM_THREADS") == "1":
-            return "env (OPENBLAS_NUM_THREADS/OMP_NUM_THREADS=1)"
-        return "UNLIMITED (install threadpoolctl or set OPENBLAS_NUM_THREADS=1)"
-    threadpoolctl.threadpool_limits(1)
+            return "env (OPENBLAS_NUM_THREADS/OMP_NUM_THREADS=1)", None
+        return "UNLIMITED (install threadpoolctl or set OPENBLAS_NUM_THREADS=1)", None
+    limiter = threadpoolctl.threadpool_limits(1)
     infos = [f"{i.get('internal_api')} {i.get('architecture') or ''}".strip()
              for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
-    return f"threadpoolctl, 1 thread ({', '.join(infos) or 'no BLAS found'})"
+    return f"threadpoolctl, 1 thread ({', '.join(infos) or 'no BLAS found'})", limiter
 
 
 def _median(values):
@@ -69,26 +70,41 @@ def _median(values):
 def measure(model_name: str, batch: int | None = None, repeats: int | None = None, warmup: int = 2,
             memory: bool = True) -> dict:
     """Run the interleaved benchmark; return the result dict (times in seconds)."""
-    import numpy as np
-
     from ssdmpi.errors import UserError
-    from ssdmpi.nn import build_model
-    from ssdmpi.nn.torch_ref import build_torch_model, torch_available
+    from ssdmpi.nn import torch_ref
 
+    torch_available = torch_ref.torch_available
+
+    shape, options, default_batch, target = SETUPS[model_name]
+    batch = default_batch if batch is None else int(batch)
+    repeats = (7 if model_name == "resnet20" else 30) if repeats is None else int(repeats)
+    if batch < 1 or repeats < 1 or warmup < 0:
+        raise UserError("--batch and --repeats must be at least 1, --warmup at least 0")
     ok, why = torch_available()
     if not ok:
         raise UserError(f"bench engine compares against PyTorch, which is missing: {why}; "
                         "pip install torch (a benchmark peer only)")
     import torch
+
+    threads, limiter = _limit_threads()
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure(model_name, shape, options, batch, repeats, warmup, memory, threads, target,
+                        default_batch)
+    finally:
+        torch.set_num_threads(torch_threads)
+        if limiter is not None:
+            limiter.restore_original_limits()
+
+
+def _measure(model_name, shape, options, batch, repeats, warmup, memory, threads, target, default_batch) -> dict:
+    import numpy as np
+    import torch
     import torch.nn.functional as F
 
-    shape, options, default_batch, target = SETUPS[model_name]
-    batch = int(batch or default_batch)
-    repeats = int(repeats or (7 if model_name == "resnet20" else 30))
-    if batch < 1 or repeats < 1 or warmup < 0:
-        raise UserError("--batch and --repeats must be at least 1, --warmup at least 0")
-    threads = _limit_threads()
-    torch.set_num_threads(1)
+    from ssdmpi.nn import build_model
+    from ssdmpi.nn.torch_ref import build_torch_model
 
     model = build_model(model_name, shape, NUM_CLASSES, seed=0, **options)
     twin = build_torch_model(model)

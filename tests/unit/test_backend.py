@@ -1,0 +1,97 @@
+"""Backend selection (NumPy or CuPy) and its helpers. Runs with or without a GPU."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssdmpi import backend
+from ssdmpi.errors import UserError
+
+GPU, WHY_NOT = backend.probe_cupy()
+
+
+@pytest.fixture(autouse=True)
+def restore_backend():
+    yield
+    backend.select("cpu")
+
+
+def test_cpu_is_numpy():
+    assert backend.select("cpu") is np
+    assert backend.get_xp() is np and backend.device() == "cpu"
+    assert "NumPy" in backend.reason()
+
+
+def test_auto_uses_cupy_only_when_a_gpu_allocation_works():
+    xp = backend.select("auto")
+    if GPU is None:
+        assert xp is np and backend.device() == "cpu"
+        assert WHY_NOT in backend.reason()              # says why: CuPy missing or no GPU
+    else:
+        assert xp is GPU and backend.device() == "gpu"
+
+
+@pytest.mark.skipif(GPU is not None, reason="a GPU is usable here: --device gpu succeeds")
+def test_gpu_without_a_gpu_is_a_user_error():
+    with pytest.raises(UserError, match=r"--device gpu requested but .*; use --device cpu or auto"):
+        backend.select("gpu")
+
+
+def test_unknown_device_is_a_user_error():
+    with pytest.raises(UserError, match="unknown device 'tpu'; choose one of auto, cpu, gpu"):
+        backend.select("tpu")
+
+
+def test_probe_is_cached_and_explains_itself():
+    assert backend.probe_cupy() is backend.probe_cupy()
+    if GPU is None:
+        assert re.search(r"CuPy missing|no GPU", WHY_NOT)
+
+
+def test_host_helpers_on_numpy_arrays():
+    backend.select("cpu")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert backend.array_module(a) is np and not backend.is_device_array(a)
+    assert backend.to_device(a) is a                    # NumPy backend: no copy
+    np.testing.assert_array_equal(backend.to_host(a), a)
+    backend.synchronize()                               # a no-op on the CPU
+    buf = backend.pinned_empty((3, 4), np.float64)
+    assert isinstance(buf, np.ndarray) and buf.shape == (3, 4) and buf.dtype == np.float64
+
+
+def test_a_foreign_cuda_array_is_a_device_array_but_not_cupy():
+    class FakeDeviceArray:                              # anything exposing the CUDA array interface
+        __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    fake = FakeDeviceArray()
+    assert backend.is_device_array(fake)
+    assert backend.array_module(fake) is np             # only real CuPy arrays select cupy
+
+
+def test_describe_reports_backend_and_probe():
+    backend.select("cpu")
+    info = backend.describe()
+    assert info["active"] == "numpy" and info["device"] == "cpu"
+    assert info["gpu_usable"] is (GPU is not None) and info["cupy_probe"] == WHY_NOT
+
+
+def test_only_backend_imports_cupy():
+    root = Path(backend.__file__).resolve().parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "backend.py" and re.search(r"^\s*(import cupy|from cupy)", p.read_text(), re.M)]
+    assert offenders == []
+
+
+@pytest.mark.skipif(GPU is None, reason=f"no GPU: {WHY_NOT}")
+def test_gpu_helpers_move_and_pin():
+    xp = backend.select("gpu")
+    a = np.arange(5, dtype=np.float32)
+    d = backend.to_device(a)
+    assert backend.is_device_array(d) and backend.array_module(d) is xp
+    backend.synchronize()
+    np.testing.assert_array_equal(backend.to_host(d), a)
+    pinned = backend.pinned_empty((4,), np.float32)
+    pinned[:] = 1
+    assert pinned.sum() == 4
