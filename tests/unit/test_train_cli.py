@@ -240,3 +240,13 @@ def test_divergence_is_one_line_with_exit_3(two_rank_run, tmp_path):
     assert result.returncode == 3
     lines = error_lines(result)
     assert len(lines) == 1 and "training diverged" in lines[0] and "ckpt-00000040.h5" in lines[0], lines
+
+
+def test_config_yaml_of_a_run_reproduces_it_bitwise(two_rank_run, tmp_path):
+    again = tmp_path / "again"
+    result = run_cli(["train", "--config", str(two_rank_run / "config.yaml"), "--run-dir", str(again)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    name = "checkpoints/ckpt-00000040.h5"
+    with h5py.File(two_rank_run / name, "r") as a, h5py.File(again / name, "r") as b:
+        for key in ("model/global_weights", "rank_0001/algo/L", "rank_0001/algo/M"):
+            assert np.array_equal(a[key][()], b[key][()]), key
