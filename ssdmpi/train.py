@@ -182,8 +182,6 @@ def _algo_config(cfg, soft: set, steps_per_epoch: int, total_steps: int, world_s
     algorithm are dropped (``--preset cifar10-resnet20 --algo ssgd`` is fine); the user's
     own inapplicable settings are errors.
     """
-    import dataclasses
-
     from ssdmpi.algos import AlgoConfig
     from ssdmpi.config import parse_schedule
 
