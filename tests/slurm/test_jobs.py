@@ -34,9 +34,12 @@ from tests.slurm.conftest import JOBS, ROOT
 
 h5py = pytest.importorskip("h5py")
 
-STEPS = 240   # long enough that the signal lands mid-training, short enough for CI
-TRAIN_ARGS = (f"--dataset digits --model mlp --steps {STEPS} --batch-size 16 --algo ssd --delay 3 --comm period "
-              "--warmup-steps 20 --checkpoint-every 64 --keep-checkpoints 0 --eval-every 0 --log-every 5 "
+# Small settings for every job. A step takes ~1 ms on an idle machine (and ~30 ms on a busy
+# one): 1000 steps keep the signal, sent after step 20, well inside the run even when idle.
+# Batch 4 makes epochs long (180 steps), so few of the always-written epoch checkpoints.
+STEPS = 1000
+TRAIN_ARGS = (f"--dataset digits --model mlp --steps {STEPS} --batch-size 4 --algo ssd --delay 3 --comm period "
+              "--warmup-steps 20 --checkpoint-every 200 --keep-checkpoints 0 --eval-every 0 --log-every 5 "
               "--seed 3 --no-progress-bar")
 JOB_TIMEOUT = 420
 
