@@ -74,28 +74,31 @@ class BatchNorm(Layer):
         """Per-channel sum of a (C, m) matrix: a GEMV against ones (BLAS, faster than a reduction)."""
         return a2 @ self.workspace.ones(a2.shape[1], a2.dtype)
 
+    @staticmethod
+    def _channel_dot(a2, b2):
+        """Per-channel dot product of two (C, m) matrices, without an (C, m) temporary: C batched
+        1 x m x 1 matrix products (BLAS dots)."""
+        return _xp(a2).matmul(a2[:, None, :], b2[:, :, None]).reshape(-1)
+
     def forward(self, x, train: bool = True):
         xp = _xp(x)
         x2 = self._rows(x)
-        gamma, beta = self.p["weight"][:, None], self.p["bias"][:, None]
-        y = xp.empty(x2.shape, dtype=x.dtype)
+        beta = self.p["bias"][:, None]
         if not train:
             scale = self.p["weight"] / xp.sqrt(self.running_var + self.eps)
             self.mode, self.scale, self.x2 = "eval", scale, x2
-            xp.subtract(x2, self.running_mean[:, None], out=y)
+            y = x2 - self.running_mean[:, None]
             y *= scale[:, None]
             y += beta
             return self._unrows(y, x.shape)
         m = x2.shape[1]
         mean = self._channel_sum(x2) / m
-        xhat = x2 - mean[:, None]                      # centred now, normalised below (kept for backward)
-        xp.multiply(xhat, xhat, out=y)                 # y is scratch until the last two lines
-        var = self._channel_sum(y) / m
+        xc = x2 - mean[:, None]                        # centred input, kept for backward
+        var = self._channel_dot(xc, xc) / m
         invstd = 1.0 / xp.sqrt(var + self.eps)
-        xhat *= invstd[:, None]
-        xp.multiply(xhat, gamma, out=y)
+        y = xc * (self.p["weight"] * invstd)[:, None]  # gamma * xhat
         y += beta
-        self.mode, self.xhat, self.invstd = "train", xhat, invstd
+        self.mode, self.xc, self.invstd = "train", xc, invstd
         mom = self.momentum
         self.running_mean *= 1 - mom
         self.running_mean += mom * mean
@@ -109,25 +112,23 @@ class BatchNorm(Layer):
         if self.mode == "eval":
             xhat = (self.x2 - self.running_mean[:, None]) / xp.sqrt(self.running_var + self.eps)[:, None]
             self.g["bias"][...] = self._channel_sum(dy2)
-            self.g["weight"][...] = self._channel_sum(dy2 * xhat)
+            self.g["weight"][...] = self._channel_dot(dy2, xhat)
             self.x2 = None
             return self._unrows(dy2 * self.scale[:, None], dy.shape) if self.input_grad else None
-        xhat, self.xhat = self.xhat, None
+        xc, self.xc = self.xc, None
+        invstd = self.invstd
         m = dy2.shape[1]
         dbeta = self._channel_sum(dy2)
-        tmp = dy2 * xhat
-        dgamma = self._channel_sum(tmp)
+        dgamma = self._channel_dot(dy2, xc) * invstd   # sum dy * xhat, with xhat = xc * invstd
         self.g["bias"][...] = dbeta
         self.g["weight"][...] = dgamma
         if not self.input_grad:
             return None
-        gamma = self.p["weight"]
-        # dx = a*dy + b*xhat + c per channel, assembled in xhat's memory (xhat is dead after this).
-        a = gamma * self.invstd
+        # dx = a*dy + b*xhat + c per channel, assembled in xc's memory (xc is dead after this).
+        a = self.p["weight"] * invstd
         b = -a * dgamma / m
         c = -a * dbeta / m
-        xhat *= b[:, None]
-        xp.multiply(dy2, a[:, None], out=tmp)
-        xhat += tmp
-        xhat += c[:, None]
-        return self._unrows(xhat, dy.shape)
+        xc *= (b * invstd)[:, None]
+        xc += c[:, None]
+        xc += dy2 * a[:, None]
+        return self._unrows(xc, dy.shape)
