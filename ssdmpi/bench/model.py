@@ -15,27 +15,32 @@ What it measures (all ranks together, rank 0 prints; ``--ranks`` >= 2, default 2
    waited at the end of the next period: ``ssd --comm period``). Variants are interleaved
    and repeated ``--repeats`` times; each time per step is the slowest rank's, median over
    repeats;
-3. ``c_busy``: the time of one compute step while an allreduce of the gradient size is in
-   flight (only steps that ended before it completed count). On a GPU, or with spare
-   cores, ``c_busy = c``; on a CPU whose cores all compute, the communication (an MPI
-   library busy-polling the network, the kernel copying TCP data, the reduction itself)
-   takes cycles from the compute, and ``c_busy > c``.
+3. overlap, in every repeat: compute steps run while an allreduce of the gradient size is
+   in flight, giving ``c_busy`` (a compute step that ended before the allreduce completed)
+   and ``T_busy`` (the allreduce's in-flight time while compute ran). On a GPU, or with
+   spare cores, ``c_busy = c`` and ``T_busy = T``; on a CPU whose cores all compute, the
+   communication (an MPI library busy-polling the network, the kernel copying TCP data,
+   the reduction) and the compute take cycles from each other, and both grow.
 
-The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time,
-``r = c / c_busy <= 1`` the compute speed while communication is in flight)::
+The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time)::
 
-    ssgd                      t = c + T                           blocking allreduce every step
-    localsgd, period k        t = c + T / k                       blocking allreduce every k steps
-    ssd --comm period, k      t = max(T/k, c + (T/k) (1 - r))     one allreduce per k steps,
-                                                                  overlapped with the next k steps
-    ssd --comm step (odsgd)   the same with k = 1                 each allreduce overlaps ONE step
+    ssgd                      t = c + T           blocking allreduce every step
+    localsgd, period k        t = c + T / k       blocking allreduce every k steps
+    ssd --comm period, k      t = P / k           one allreduce per period of k steps,
+                                                  overlapped with the next k steps (below)
+    ssd --comm step (odsgd)   the same, k = 1     each allreduce overlaps ONE step
 
-Derivation of the overlapped case: a period must do ``k c`` of compute and one allreduce of
-``T``. While the allreduce is in flight the compute runs at speed ``r``, so after ``T`` it
-has done ``r T``; if that is at least ``k c``, the period takes ``T`` (communication-bound,
-the exposed wait is ``T - k c / r``), otherwise it takes ``T + (k c - r T) = k c + T (1 - r)``.
-With perfect overlap (``r = 1``) this is ``max(c, T/k)``, and the speedup of ssd period
-over ssgd is ``(c + T) / max(c, T/k) <= 1 + T/c``, reached at ``k >= T/c``.
+The period ``P`` must do ``k c`` of compute and one allreduce. While both run, the compute
+runs at speed ``c / c_busy`` and the allreduce at ``T / T_busy``; whichever finishes first
+leaves the other to run alone::
+
+    T_busy <= k c_busy  (allreduce first):  P = T_busy + k c - T_busy * c / c_busy
+    otherwise           (compute first):    P = k c_busy + T - T * k c_busy / T_busy
+
+With perfect overlap (``c_busy = c``, ``T_busy = T``) this is ``P / k = max(c, T/k)``, and
+the speedup of ssd period over ssgd is ``(c + T) / max(c, T/k) <= 1 + T/c``, reached at
+``k >= T/c``. ``T_busy`` enters the predictions as its measured ratio to the measured alone
+time, applied to the fitted ``T``.
 
 Allreduce time, ring algorithm on ``N`` ranks (per-hop latency ``alpha``, per-byte time on
 a rank's link ``beta``; each rank sends ``2 (N-1)/N * S`` bytes in ``2 (N-1)`` messages)::
@@ -47,9 +52,10 @@ measured times at ``--fit-sizes`` gives ``a, b`` (so ``alpha = a/2``, ``beta = b
 other measured point (held-out sizes, all step loops) is a prediction the fit never saw.
 
 Planning table (``--plan-ranks`` x ``--plan-gbits``): ``beta = 8 / (eta * B)`` for a link of
-``B`` bit/s per rank, ``alpha`` from the fit, ``c`` and ``c_busy`` measured (or ``--plan-compute-ms``, e.g. a
-GPU's step time, then with perfect overlap: ``c_busy = c``). ``eta`` is the link efficiency: on a throttled namespace (``--net R``) it is
-measured, ``eta = 2 * 8 / (b R)`` -- the factor 2 because both ranks' traffic shares the ONE
+``B`` bit/s per rank, ``alpha`` from the fit, ``c`` and the overlap slowdowns
+``c_busy / c``, ``T_busy / T`` measured (or ``--plan-compute-ms``, e.g. a GPU's step time,
+then with perfect overlap). ``eta`` is the link efficiency: on a throttled namespace
+(``--net R``) it is measured, ``eta = 2 * 8 / (b R)`` -- the factor 2 because both ranks' traffic shares the ONE
 ``tbf`` qdisc of the loopback, whereas on a real network each rank has its own link;
 ``--plan-efficiency`` overrides it (and must be given for ``--net none``, default 0.9).
 
@@ -100,11 +106,13 @@ def ring_allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) ->
     return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes * beta
 
 
-def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None) -> float:
+def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None,
+                 allreduce_busy: float | None = None) -> float:
     """Predicted seconds per step of a communication pattern (see the module docstring).
 
-    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period``; ``compute_busy``:
-    seconds of a compute step while an allreduce is in flight (default ``compute``: perfect overlap).
+    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period``. ``compute_busy`` /
+    ``allreduce_busy``: a compute step's / the allreduce's seconds while the other runs too
+    (default: unchanged, i.e. perfect overlap). Values faster than alone count as alone.
     """
     if kind == "none":
         return compute
@@ -114,8 +122,16 @@ def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, comput
         return compute + allreduce / k
     if kind in ("step", "period"):
         k = 1 if kind == "step" else k
-        speed = 1.0 if not compute_busy else min(1.0, compute / compute_busy)
-        return max(allreduce / k, compute + allreduce / k * (1.0 - speed))
+        c_busy = max(compute, compute_busy or compute)
+        t_busy = max(allreduce, allreduce_busy or allreduce)
+        work = k * compute
+        if t_busy <= k * c_busy:
+            # the allreduce finishes first, having slowed t_busy of compute to r_c = c/c_busy
+            period = t_busy + work - t_busy * compute / c_busy
+        else:
+            # the compute finishes first (after k c_busy), the allreduce then runs alone
+            period = k * c_busy + allreduce - allreduce * k * c_busy / t_busy
+        return period / k
     raise ValueError(f"unknown communication pattern {kind!r}")
 
 
@@ -182,6 +198,17 @@ def _time_allreduce(comm, nbytes: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def _compute(model, x, labels) -> None:
+    """One compute step: forward, backward, and an SGD update of the flat weights.
+
+    A tiny learning rate keeps the weights sane over any number of steps; the update is
+    done in place, as the optimizers do (two passes over the flat buffers).
+    """
+    model.loss_and_grad(x, labels)
+    model.grads *= 1e-6
+    model.params -= model.grads
+
+
 def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) -> float:
     """Seconds per step (slowest rank) of ``steps`` steps after ``warm`` unmeasured ones."""
     import numpy as np
@@ -189,13 +216,13 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
     params, grads = model.params, model.grads
     inflight = np.empty_like(grads)
     acc = np.zeros_like(grads)
-    handle, lr = None, np.float32(1e-6)   # a tiny lr: the weights stay sane over any number of steps
+    handle = None
     start = None
     for i in range(warm + steps):
         if i == warm:
             comm.control.Barrier()
             start = time.perf_counter()
-        model.loss_and_grad(x, labels)
+        _compute(model, x, labels)
         if pattern.kind == "ssgd":
             comm.allreduce(grads, average=False)
         elif pattern.kind == "step":
@@ -211,8 +238,6 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
                 np.copyto(inflight, acc)
                 acc.fill(0)
                 handle = comm.allreduce_start(inflight, average=False)
-        np.multiply(grads, lr, out=grads)
-        params -= grads
         if pattern.kind == "localsgd" and (i + 1) % pattern.k == 0:
             comm.allreduce(params, average=True)
     elapsed = time.perf_counter() - start
@@ -221,26 +246,34 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
     return comm.control.allreduce(elapsed / steps, op=comm.MPI.MAX)
 
 
-def _compute_while_in_flight(comm, model, x, labels, nbytes: int, reps: int):
-    """Median seconds of a compute step that ran entirely while an allreduce was in flight
-    (slowest rank), or None when no step fitted inside one allreduce."""
+def _overlapped(comm, model, x, labels, nbytes: int, reps: int) -> tuple:
+    """Compute and an allreduce of ``nbytes`` at the same time: ``(c_busy, T_busy)``, the
+    median seconds of a compute step that ran entirely while the allreduce was in flight,
+    and the median in-flight time of the allreduce while compute ran (slowest rank each).
+
+    ``c_busy`` is None when no step fitted inside an allreduce. ``T_busy`` is the
+    Communicator's own in-flight time (exact with the thread strategy).
+    """
     import numpy as np
 
     buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
-    times = []
+    steps, flights = [], []
     for _ in range(reps):
         comm.control.Barrier()
+        comm.stats.reset()
         handle = comm.allreduce_start(buf, average=False)
         while not handle.test():
             start = time.perf_counter()
-            model.loss_and_grad(x, labels)
+            _compute(model, x, labels)
             elapsed = time.perf_counter() - start
             if not handle.test():
-                times.append(elapsed)
+                steps.append(elapsed)
         handle.wait()
-    mine = statistics.median(times) if times else float("nan")
+        flights.append(comm.stats.snapshot()["inflight_s"])
+    mine = statistics.median(steps) if steps else float("nan")
     worst = comm.control.allreduce(mine, op=comm.MPI.MAX)
-    return None if worst != worst else worst   # NaN on any rank: no sample there
+    t_busy = comm.control.allreduce(statistics.median(flights), op=comm.MPI.MAX)
+    return (None if worst != worst else worst), t_busy   # NaN on any rank: no sample there
 
 
 def measure(args, comm, log) -> dict:
@@ -262,24 +295,30 @@ def measure(args, comm, log) -> dict:
         allreduce[nbytes] = _time_allreduce(comm, nbytes, args.reps)
         log(f"allreduce {nbytes / MB:8.2f} MB: {allreduce[nbytes] * 1e3:9.2f} ms")
 
-    compute_busy = _compute_while_in_flight(comm, model, x, labels, grad_bytes, args.reps)
-    log(f"compute step while an allreduce is in flight: "
-        f"{'n/a' if compute_busy is None else f'{compute_busy * 1e3:.2f} ms'}")
-
     patterns = [Pattern("none")] + [parse_pattern(p) for p in args.patterns.split(",")]
-    loops = {p: [] for p in patterns}
+    loops, busy, flights = {p: [] for p in patterns}, [], []
     for rep in range(args.repeats):
+        # Measured in every repeat, next to c and the loops, so all of them see the same load.
+        c_busy, t_busy = _overlapped(comm, model, x, labels, grad_bytes, 2)
+        busy.append(c_busy)
+        flights.append(t_busy)
+        log(f"repeat {rep + 1}/{args.repeats} overlapped: compute "
+            f"{'n/a' if c_busy is None else f'{c_busy * 1e3:.2f} ms/step'}, allreduce {t_busy * 1e3:.2f} ms")
         for p in patterns:
             steps = max(args.steps, 2 * p.k)
             steps += -steps % p.k                     # whole periods only
             warm = max(2, p.k + 1)                    # an allreduce already in flight when timing starts
             loops[p].append(_step_loop(comm, model, x, labels, p, steps, warm))
             log(f"repeat {rep + 1}/{args.repeats} {p.name:>18}: {loops[p][-1] * 1e3:9.2f} ms/step")
+    busy = [b for b in busy if b is not None]
+    compute_busy = statistics.median(busy) if busy else None
+    allreduce_busy = statistics.median(flights)
     return {"model": args.model, "num_params": int(model.num_params), "grad_bytes": grad_bytes,
             "batch_size": args.batch_size, "ranks": comm.size,
             "fit_bytes": fit_bytes, "check_bytes": check_bytes,
             "allreduce_s": {str(n): t for n, t in allreduce.items()},
             "step_s": {p.name: statistics.median(v) for p, v in loops.items()}, "compute_busy_s": compute_busy,
+            "allreduce_busy_s": allreduce_busy,
             "patterns": [[p.kind, p.k] for p in patterns]}
 
 
@@ -320,12 +359,15 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
     c = measured["step_s"]["compute only"]
     c_busy = measured.get("compute_busy_s") or c
     T = predict_T(measured["grad_bytes"])
+    # The overlapped allreduce is measured at the gradient size: keep its ratio to the alone time.
+    T_busy = T * measured["allreduce_busy_s"] / times[measured["grad_bytes"]] \
+        if measured.get("allreduce_busy_s") else T
     ssgd_measured = measured["step_s"].get("ssgd")
     ssgd_predicted = predict_step("ssgd", c, T)
     steps = []
     for kind, k in measured["patterns"]:
         name = Pattern(kind, k).name
-        pred = predict_step(kind, c, T, k, c_busy)
+        pred = predict_step(kind, c, T, k, c_busy, T_busy)
         meas = measured["step_s"][name]
         steps.append({"pattern": name, "kind": kind, "k": k, "measured_s": meas, "predicted_s": pred,
                       "error_pct": None if kind == "none" else percent_error(pred, meas),
@@ -339,18 +381,19 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
     c_plan = c if plan_compute_s is None else plan_compute_s
     # A measured c keeps its measured interference; a given one (e.g. a GPU's) overlaps perfectly.
     slowdown = c_busy / c if plan_compute_s is None else 1.0
+    comm_slowdown = T_busy / T if plan_compute_s is None else 1.0
     plan = []
     for n in plan_ranks:
         for gbit in plan_gbits:
             beta_link = 8 / (efficiency * gbit * 1e9)
             T_n = ring_allreduce_time(measured["grad_bytes"], n, alpha, beta_link)
             t_ssgd = predict_step("ssgd", c_plan, T_n)
-            t_ssd = predict_step("period", c_plan, T_n, plan_k, c_plan * slowdown)
+            t_ssd = predict_step("period", c_plan, T_n, plan_k, c_plan * slowdown, T_n * comm_slowdown)
             plan.append({"ranks": n, "gbit": gbit, "allreduce_s": T_n, "ssgd_s": t_ssgd, "ssd_period_s": t_ssd,
                          "speedup": t_ssgd / t_ssd, "best_k": max(1, int(-(-T_n // c_plan)))})
     return {"alpha_s": alpha, "beta_s_per_byte": beta, "fit_a_s": a, "fit_b_s_per_byte": b,
             "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
-            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "plan_compute_s": c_plan, "plan_k": plan_k,
+            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "allreduce_busy_s": T_busy, "plan_compute_s": c_plan, "plan_k": plan_k,
             "sizes": sizes, "steps": steps, "plan": plan}
 
 
@@ -369,6 +412,7 @@ def report(measured: dict, result: dict, net: str) -> str:
             f"(per-hop alpha = {r['alpha_s'] * 1e6:.1f} us, beta = {r['beta_s_per_byte'] * 1e9:.3f} ns/byte); "
             f"compute c = {r['compute_s'] * 1e3:.2f} ms/step ({r['compute_busy_s'] * 1e3:.2f} ms while an allreduce "
             f"is in flight); model allreduce T = {r['allreduce_model_s'] * 1e3:.2f} ms "
+            f"({r['allreduce_busy_s'] * 1e3:.2f} ms while compute runs) "
             f"(T/c = {r['allreduce_model_s'] / r['compute_s']:.2f})", ""]
     out += ["| allreduce size (MB) | role | measured ms | predicted ms | error |", "|---:|---|---:|---:|---:|"]
     for s in r["sizes"]:

@@ -63,6 +63,23 @@ def test_overlap_with_compute_slowed_by_communication():
     assert predict_step("period", c, T, 5, compute_busy=0.5 * c) == pytest.approx(c)
 
 
+def test_overlap_with_communication_slowed_by_compute():
+    """T_busy = 1.5 T: the allreduce runs at 2/3 speed while compute runs."""
+    from ssdmpi.bench.model import predict_step
+
+    c, T = 0.10, 0.40
+    # k = 2, c_busy = c: the compute (0.2 s) finishes first; by then 1/3 of the allreduce is done
+    # (0.2 s of its 0.6 s busy time); the remaining 2/3 of T = 0.267 s runs alone.
+    assert predict_step("period", c, T, 2, allreduce_busy=1.5 * T) == pytest.approx((0.2 + 0.4 * 2 / 3) / 2)
+    # k = 10: the allreduce (0.6 s) finishes first, the compute (1.0 s) was not slowed: P = k c
+    assert predict_step("period", c, T, 10, allreduce_busy=1.5 * T) == pytest.approx(c)
+    # both slowed, allreduce first: 0.6 s overlapped (0.3 s of compute done), then 0.7 s alone
+    assert predict_step("period", c, T, 10, compute_busy=2 * c, allreduce_busy=1.5 * T) == \
+        pytest.approx((0.6 + 0.7) / 10)
+    # the two cases meet where the allreduce and the compute end together (T_busy = k c_busy)
+    assert predict_step("period", c, T, 3, compute_busy=2 * c, allreduce_busy=0.6) == pytest.approx(0.6 / 3)
+
+
 def test_speedup_of_period_is_bounded_by_one_plus_t_over_c():
     from ssdmpi.bench.model import predict_step
 
@@ -83,6 +100,7 @@ def synthetic_measurement(c=0.05, a=3e-4, b=8e-9, grad_bytes=80 * MB):
             "ranks": 2, "fit_bytes": fit, "check_bytes": check,
             "allreduce_s": {str(n): a + b * n for n in fit + check},
             "step_s": {p.name: predict_step(p.kind, c, T, p.k) for p in patterns},
+            "compute_busy_s": c, "allreduce_busy_s": a + b * grad_bytes,
             "patterns": [[p.kind, p.k] for p in patterns]}
 
 
