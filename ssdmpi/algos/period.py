@@ -6,10 +6,13 @@ allreduce (mean over ranks) at a period's end and completes the previous period'
 the same point, so every request has a whole period of compute to hide behind. Two
 buffers alternate: one accumulating, one in flight. ``g`` is this rank's MEAN gradient.
 
-| rule | ALGORITHM.md 5b | per iteration | at a period's end |
+| rule | where specified | per iteration | at a period's end |
 |---|---|---|---|
-| ``replay`` | gradient replay | ``A += g``; local update (``--local-update``) | post ``A``; wait the previous period's ``Abar``; ``k`` global steps with ``Abar/k``; ``L <- W`` |
-| ``delta`` | delta averaging, keeping own progress | per-rank momentum SGD on ``L`` | ``D = L - L_start``; wait previous ``Dbar``; ``W <- W + Dbar``; ``L <- W + D``; post ``D``; ``L_start <- L`` |
+| ``delta-own`` (default) | docs/PERIOD_RULE.md 2-4 | momentum SGD on ``L`` with a per-rank ``U`` | wait previous ``Dbar``: ``W <- W + Dbar``; ``D = L - S``; ``L <- W + D`` (if ``W`` changed); post ``D``; ``S <- L`` |
+| ``replay`` (ablation) | ALGORITHM.md 5b, PERIOD_RULE.md 6 | ``A += g``; local update (``--local-update``) | post ``A``; wait the previous period's ``Abar``; ``k`` global steps with ``Abar/k``; ``L <- W`` |
+
+A result drained between iterations (checkpoint) is held (``has_Rp``, ``Rp``) and
+applied at the boundary where the wait would have returned it, so resuming is bitwise.
 
 Adding a rule: subclass ``PeriodRule``, register it in ``PERIOD_RULES``, and add the
 same rule, written independently from the spec, to ``ssdmpi/algos/reference.py``.
@@ -61,6 +64,11 @@ class PeriodRule:
         self._acc, self._other = self._other, self._acc
         self._handle = handle
 
+    def finalize(self) -> None:
+        """End of training: complete and apply whatever is in flight now."""
+        self.drain()
+        self.apply_held()
+
     def apply_held(self) -> None:
         if self._held:
             self._apply(self._other)
@@ -73,18 +81,18 @@ class PeriodRule:
         self._handle, self._held = None, False
 
     def state_dict(self) -> dict:
-        d = {"acc": self._acc, "held": int(self._held)}
+        d = {"acc": self._acc, "has_Rp": int(self._held)}
         if self._held:
-            d["reduced"] = self._other
+            d["Rp"] = self._other
         return d
 
     def load_state_dict(self, d: dict) -> None:
         xp = self.a.xp
         self._handle = None
         self._acc[...] = xp.asarray(d["acc"])
-        self._held = bool(int(d["held"]))
+        self._held = bool(int(d["has_Rp"]))
         if self._held:
-            self._other[...] = xp.asarray(d["reduced"])
+            self._other[...] = xp.asarray(d["Rp"])
 
 
 class GradientReplay(PeriodRule):
@@ -122,51 +130,85 @@ class GradientReplay(PeriodRule):
             a.s += 1
 
 
-class DeltaAveraging(PeriodRule):
-    """``delta``: average the ranks' displacements over a period, keep the rank's own progress.
+class DeltaOwn(PeriodRule):
+    """``delta-own`` (docs/PERIOD_RULE.md, the chosen rule): delta averaging keeping own progress.
 
-    Per iteration: SGD with a per-rank momentum ``V`` (initialised to ``M`` at the switch)
-    at the global lr of iteration ``t``: ``V <- mu*V - eta_g(t)*(lam*mask*L + g); L <- L + V``.
-    At the period's end: ``D = L - L_start``; wait for the previous period's request,
-    ``Dbar = mean_r D_r``: ``W <- W + Dbar``, ``s += k``; ``L <- W + D`` (the own displacement
-    still in flight); post ``Iallreduce(mean, D)``; ``L_start <- L``.
+    Switch: ``U <- M``, ``S <- L`` (``L = W``). Every delay iteration ``t`` (``g`` = mean gradient)::
+
+        U <- (mu*U - (eta(t)*lam*mask)*L) - eta(t)*g        # this operation order (PERIOD_RULE.md 3)
+        L <- L + U
+
+    At the end of period ``p`` (``(t - T_w) % k == k - 1``)::
+
+        if a sum is in flight or held (p >= 1):  W <- W + Sum/N;  s += k;  changed = True
+        D <- L - S
+        if changed:  L <- W + D                             # own displacement still in flight
+        post Iallreduce(D) (mean);  S <- L
+
+    ``M`` is not used in the delay stage. ``U`` is never reset or averaged. ``finalize()``
+    (end of training) applies what is in flight, then averages the partial period with a
+    blocking allreduce: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (skipped when training
+    ended on a period boundary, where ``L = S``).
     """
 
-    name = "delta"
+    name = "delta-own"
     uses_local_update = False
 
     def begin(self) -> None:
         a = self.a
-        self.V = a.M.copy()
-        self.L_start = a.L.copy()
+        self.U = a.M.copy()
+        self.S = a.L.copy()
+        self._tmp = a.xp.empty_like(a.L)
 
     def step(self, g, m: int) -> None:
-        a = self.a
-        a.global_sgd.step(a.L, self.V, g, a.schedule(a.t))
+        a, xp, U, tmp = self.a, self.a.xp, self.U, self._tmp
+        eta = a.schedule(a.t)
+        xp.multiply(a.L, a.mask, out=tmp)          # (eta*lam*mask)*L: eta*lam*mask is exactly c or 0,
+        tmp *= eta * a.config.weight_decay         # so this rounds like c*(mask*L)
+        U *= a.config.momentum
+        U -= tmp
+        xp.multiply(g, eta, out=tmp)
+        U -= tmp
+        a.L += U
         if (m + 1) % a.k == 0:
-            D = self._acc
-            a.xp.subtract(a.L, self.L_start, out=D)
             self.drain()
+            changed = self._held
             self.apply_held()
-            a.xp.add(a.W, D, out=a.L)
+            D = self._acc
+            xp.subtract(a.L, self.S, out=D)
+            if changed:
+                xp.add(a.W, D, out=a.L)
             self._swap_in(self._post(D))
-            self.L_start[...] = a.L
+            self.S[...] = a.L
 
     def _apply(self, reduced) -> None:
         a = self.a
         a.W += reduced
         a.s += a.k
 
+    def finalize(self) -> None:
+        """Apply the sum in flight, then fold the partial period into ``W`` (blocking, collective)."""
+        a = self.a
+        self.drain()
+        self.apply_held()
+        if (a.t - a.T_w) % a.k != 0:               # not on a boundary: L - S is not zero
+            D = self._acc
+            a.xp.subtract(a.L, self.S, out=D)
+            backend.synchronize()
+            a.comm.allreduce_mean(D)
+            a.W += D
+            self.S[...] = a.L
+
     def state_dict(self) -> dict:
         d = super().state_dict()
-        d.update({"V": self.V, "L_start": self.L_start})
+        d.update({"U": self.U, "S": self.S})
         return d
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
-        self.V[...] = self.a.xp.asarray(d["V"])
-        self.L_start[...] = self.a.xp.asarray(d["L_start"])
+        self.U[...] = self.a.xp.asarray(d["U"])
+        self.S[...] = self.a.xp.asarray(d["S"])
 
 
-PERIOD_RULES = {"replay": GradientReplay, "delta": DeltaAveraging}
-DEFAULT_PERIOD_RULE = "replay"
+PERIOD_RULES = {"delta-own": DeltaOwn, "replay": GradientReplay}
+DEFAULT_PERIOD_RULE = "delta-own"   # docs/PERIOD_RULE.md

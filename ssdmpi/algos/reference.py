@@ -49,7 +49,7 @@ class Simulation:
         self.T_w = None if c.algo == "ssgd" else c.warmup_steps
         self.W = np.array(self.model.params, copy=True)
         self.M = np.zeros_like(self.W)
-        self.L = self.P = self.V = self.A = self.L_start = None
+        self.L = self.P = self.V = self.U = self.S = self.A = None
         self.pending = None
         self.t = self.s = 0
         self.losses = []
@@ -115,17 +115,19 @@ class Simulation:
             self.L[r] = L + delta
 
     def _momentum_step(self, r: int, g):
-        """Per-rank SGD with momentum (localsgd, delta): ``V <- mu*V - eta_g(t)*(lam*mask*L + g); L <- L + V``."""
+        """Per-rank SGD with momentum (localsgd): ``V <- mu*V - eta_g(t)*(lam*mask*L + g); L <- L + V``."""
         eta = self.sched(self.t)
         self.V[r] = self.mu * self.V[r] - eta * (self.lam * (self.mask * self.L[r]) + g)
         self.L[r] = self.L[r] + self.V[r]
 
     def _switch(self):
-        """ALGORITHM.md 1.2: ``L <- W`` on every worker (and ``P <- L``, ``V <- M``, ``L_start <- L``)."""
+        """ALGORITHM.md 1.2: ``L <- W`` on every worker; also ``P <- L`` (glu-paper), ``V <- M``
+        (localsgd), ``U <- M`` and ``S <- L`` (delta-own)."""
         self.L = [self.W.copy() for _ in range(self.N)]
         self.P = [self.W.copy() for _ in range(self.N)]
         self.V = [self.M.copy() for _ in range(self.N)]
-        self.L_start = [self.W.copy() for _ in range(self.N)]
+        self.U = [self.M.copy() for _ in range(self.N)]
+        self.S = [self.W.copy() for _ in range(self.N)]
         self.A = [None] * self.N
 
     # --- one iteration ----------------------------------------------------------------
@@ -149,8 +151,8 @@ class Simulation:
                 self._ssd_step(grads, m)
             elif c.period_rule == "replay":
                 self._replay(grads, m)
-            elif c.period_rule == "delta":
-                self._delta(grads, m)
+            elif c.period_rule == "delta-own":
+                self._delta_own(grads, m)
             else:
                 raise NotImplementedError(f"period rule {c.period_rule!r} has no reference yet")
             self.t += 1
@@ -180,18 +182,23 @@ class Simulation:
             self.pending = self._mean(self.A)
             self.L = [self.W.copy() for _ in range(self.N)]
 
-    def _delta(self, grads, m):
-        """5b delta averaging: W gets the previous period's mean displacement; L keeps its own."""
+    def _delta_own(self, grads, m):
+        """docs/PERIOD_RULE.md 3, ``delta-own``: local momentum SGD; at a boundary W gets the previous
+        period's mean displacement and each worker restarts from W plus its own displacement."""
+        eta, lam, mu, mask = self.sched(self.t), self.lam, self.mu, self.mask
         for r, g in enumerate(grads):
-            self._momentum_step(r, g)
+            self.U[r] = mu * self.U[r] - eta * lam * mask * self.L[r] - eta * g
+            self.L[r] = self.L[r] + self.U[r]
         if (m + 1) % self.k == 0:
-            D = [self.L[r] - self.L_start[r] for r in range(self.N)]
-            if self.pending is not None:
+            changed = self.pending is not None
+            if changed:
                 self.W = self.W + self.pending
                 self.s += self.k
-            self.L = [self.W + D[r] for r in range(self.N)]
+            D = [self.L[r] - self.S[r] for r in range(self.N)]
+            if changed:
+                self.L = [self.W + D[r] for r in range(self.N)]
             self.pending = self._mean(D)
-            self.L_start = [L.copy() for L in self.L]
+            self.S = [L.copy() for L in self.L]
 
     def _localsgd(self, grads, m):
         """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W."""
@@ -222,8 +229,20 @@ class Simulation:
         return correct / len(x), loss_sum / len(x)
 
     def finalize(self):
-        """Apply what is still in flight to ``W`` (the MPI path's ``finalize``)."""
-        if self.pending is None or self.stage != "delay" or self.cfg.algo == "localsgd":
+        """Apply what is still in flight to ``W`` (the MPI path's ``finalize``); for ``delta-own`` also
+        fold the partial period in: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4)."""
+        c = self.cfg
+        if self.stage != "delay" or c.algo == "localsgd":
+            return
+        if c.comm == "period" and c.period_rule == "delta-own" and (self.t - self.T_w) % self.k != 0:
+            self._apply_pending()
+            self.W = self.W + self._mean([self.L[r] - self.S[r] for r in range(self.N)])
+            self.S = [L.copy() for L in self.L]
+            return
+        self._apply_pending()
+
+    def _apply_pending(self):
+        if self.pending is None:
             return
         c = self.cfg
         if c.comm == "step":
@@ -232,7 +251,7 @@ class Simulation:
             G = self.pending / self.k
             for _ in range(self.k):
                 self._global_update(G)
-        elif c.period_rule == "delta":
+        elif c.period_rule == "delta-own":
             self.W = self.W + self.pending
             self.s += self.k
         self.pending = None

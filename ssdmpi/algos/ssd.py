@@ -141,8 +141,7 @@ class SSDPeriod(_SSDBase):
 
     def finalize(self) -> None:
         if self.rule is not None:
-            self.rule.drain()
-            self.rule.apply_held()
+            self.rule.finalize()
 
     def _delay_state(self) -> dict:
         d = super()._delay_state()

@@ -73,7 +73,7 @@ for k in (1, 2, 5):
     for lu in ("global-momentum", "glu-paper", "sgd"):
         CONFIGS.append(dict(algo="ssd", comm="step", delay=k, local_update=lu))
         CONFIGS.append(dict(algo="ssd", comm="period", period_rule="replay", delay=k, local_update=lu))
-    CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta", delay=k))
+    CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-own", delay=k))
     CONFIGS.append(dict(algo="localsgd", delay=k))
 CONFIGS.append(dict(algo="odsgd"))
 CONFIGS.append(dict(algo="ssgd"))
@@ -82,7 +82,7 @@ CONFIGS.append(dict(algo="ssd", comm="step", delay=2, local_update="glu-paper", 
                     lr_schedule={"kind": "multistep", "milestones": [5, 9]},
                     local_lr_schedule={"kind": "step", "every": 3, "gamma": 0.5}))
 CONFIGS.append(dict(algo="ssd", comm="period", period_rule="replay", delay=2, lr_schedule="cosine", total_steps=14))
-CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta", delay=2, lr_schedule="poly", total_steps=14))
+CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-own", delay=2, lr_schedule="poly", total_steps=14))
 CONFIGS.append(dict(algo="localsgd", delay=2, lr_schedule={"kind": "step", "every": 4}))
 
 
@@ -124,7 +124,7 @@ def test_reference_match(communicator, settings):
 
 @pytest.mark.parametrize("settings", [dict(algo="ssd", comm="step", local_update="glu-paper"),
                                       dict(algo="ssd", comm="period", period_rule="replay"),
-                                      dict(algo="ssd", comm="period", period_rule="delta")], ids=cfg_id)
+                                      dict(algo="ssd", comm="period", period_rule="delta-own")], ids=cfg_id)
 def test_reference_match_float32_is_bitwise_up_to_two_ranks(communicator, settings):
     """In float32 too: at 1-2 ranks the MPI path and the reference do the same operations."""
     N, rank = communicator.size, communicator.rank
@@ -213,7 +213,7 @@ STATE_CONFIGS = [dict(algo="ssd", comm="step", local_update="glu-paper"),
                  dict(algo="ssd", comm="step", local_update="global-momentum"),
                  dict(algo="ssd", comm="period", period_rule="replay", local_update="glu-paper"),
                  dict(algo="ssd", comm="period", period_rule="replay"),
-                 dict(algo="ssd", comm="period", period_rule="delta"),
+                 dict(algo="ssd", comm="period", period_rule="delta-own"),
                  dict(algo="localsgd"), dict(algo="odsgd"), dict(algo="ssgd")]
 
 

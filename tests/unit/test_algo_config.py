@@ -28,8 +28,10 @@ def test_period_rule_defaults_when_comm_period():
     from ssdmpi.algos.period import DEFAULT_PERIOD_RULE, PERIOD_RULES
 
     c = AlgoConfig(comm="period").validate(2)
-    assert c.period_rule == DEFAULT_PERIOD_RULE and c.period_rule in PERIOD_RULES
-    assert AlgoConfig(comm="period", period_rule="delta").validate(2).local_update is None
+    assert c.period_rule == DEFAULT_PERIOD_RULE == "delta-own" and c.period_rule in PERIOD_RULES
+    assert c.local_update is None                    # delta-own has its own local step (PERIOD_RULE.md 3)
+    assert AlgoConfig(comm="period", period_rule="replay").validate(2).local_update == "global-momentum"
+    assert AlgoConfig(comm="period", period_rule="delta-own").validate(2).local_update is None
 
 
 BAD = [
@@ -48,7 +50,9 @@ BAD = [
     (dict(comm="period", period_rule="magic"), "--period-rule 'magic' is not one of"),
     (dict(local_update="adam"), "--local-update 'adam' is not one of"),
     (dict(algo="localsgd", local_update="sgd"), "--local-update does not apply to --algo localsgd"),
-    (dict(comm="period", period_rule="delta", local_update="sgd"), "--local-update does not apply"),
+    (dict(comm="period", period_rule="delta-own", local_update="sgd"), "--local-update does not apply"),
+    (dict(comm="period", local_update="glu-paper"), "--local-update does not apply to --algo ssd --comm period"),
+    (dict(comm="period", glu_divisor=16.0), "--glu-divisor applies only"),
     (dict(local_lr=0.4), "--local-lr applies only to --local-update glu-paper or sgd"),
     (dict(local_update="sgd", local_lr=-1.0), "--local-lr must be > 0"),
     (dict(glu_divisor=16.0), "--glu-divisor applies only to --local-update glu-paper"),

@@ -55,7 +55,7 @@ def test_ssgd_with_N_workers_equals_one_worker_with_the_global_batch():
 @pytest.mark.parametrize("settings", [
     dict(algo="ssd", comm="step", local_update="global-momentum"),
     dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
-    dict(algo="ssd", comm="period", period_rule="delta"),
+    dict(algo="ssd", comm="period", period_rule="delta-own"),
     dict(algo="localsgd"),
 ])
 def test_identical_data_on_every_worker_is_one_worker(settings):
@@ -129,7 +129,7 @@ def test_delta_one_worker_keeps_its_own_trajectory():
     x, y = data()
     batches = same_batch_for_everyone(x, y)
     lr, mu, T_w = 0.05, 0.9, 3
-    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta", delay=3, warmup_steps=T_w, lr=lr,
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-own", delay=3, warmup_steps=T_w, lr=lr,
                      momentum=mu, weight_decay=0.0)
     sgd = sgd_trajectory(batches, 15, lr, mu)
     sim = Simulation(cfg, factory, batches, 1)
@@ -165,3 +165,29 @@ def test_accuracy_of_any_weights_leaves_the_simulation_alone():
     for sim in sims:                             # the evaluated simulation continues exactly like its twin
         sim.step()
     assert np.array_equal(sims[0].W, sims[1].W) and np.array_equal(sims[0].L[0], sims[1].L[0])
+
+
+def test_delta_own_invariants_of_period_rule_md():
+    """PERIOD_RULE.md 3: after each boundary with p >= 1, L_r = W + D_r and mean_r L_r = W + in-flight mean;
+    after finalize (mid-period), W = mean_r L_r (exact arithmetic; float64 here)."""
+    x, y = data()
+    N, k, T_w = 3, 4, 2
+    cfg = AlgoConfig(algo="ssd", comm="period", delay=k, warmup_steps=T_w, lr=0.05)
+    assert cfg.validate(N).period_rule == "delta-own"                    # the default rule
+    sim = Simulation(cfg, factory, [ArrayBatches(x, y, 4, r, N) for r in range(N)], N)
+    for _ in range(T_w):
+        sim.step()
+    for m in range(5 * k):
+        S_before = [S.copy() for S in sim.S]
+        sim.step()
+        if (m + 1) % k == 0 and m // k >= 1:
+            mean_L = sum(sim.L) / N
+            np.testing.assert_allclose(mean_L, sim.W + sim.pending, rtol=1e-12, atol=1e-13)
+            for r in range(N):
+                assert np.array_equal(sim.S[r], sim.L[r])                 # S <- L after the restart
+        elif (m + 1) % k != 0:
+            assert all(np.array_equal(a, b) for a, b in zip(S_before, sim.S))
+    sim.step()                                                            # one into the next period
+    sim.finalize()
+    np.testing.assert_allclose(sim.W, sum(sim.L) / N, rtol=1e-12, atol=1e-13)
+    assert sim.pending is None
