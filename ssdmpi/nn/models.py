@@ -7,14 +7,16 @@
 | ``lenet5`` | LeCun et al. 1998, with ReLU and max-pooling (see :func:`lenet5` for the size adaptation) | -- |
 | ``resnet20`` | He et al. 2016's CIFAR ResNet-20: 3 stages x 3 basic blocks, 16/32/64 channels | ``shortcut`` ("A" default, or "B") |
 
-Parameter counts (CIFAR-10 input (3, 32, 32), 10 classes unless said):
-mlp 784-512-512-10: 669,706; wide-mlp (784 inputs): 20,037,642; lenet5: 62,006
-(28x28x1: 61,706; 8x8x1: 44,426); resnet20 option A: 269,722, option B: 272,474.
+Parameter counts (10 classes): mlp 784-512-512-10: 669,706; wide-mlp on 784 inputs:
+20,037,642; lenet5 on 28x28x1: 61,706 (the classic), on 8x8x1: 21,386, on 32x32x3:
+83,126; resnet20 on 32x32x3, option A: 269,722 (the paper's 0.27 M), option B: 272,474.
 
 Images are NCHW; every model accepts (C, H, W) inputs, ``mlp`` also (features,).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 
@@ -139,7 +141,11 @@ def build_model(name: str, input_shape, num_classes: int, **kwargs) -> Model:
     """Build a registered model. kwargs: ``xp``, ``dtype``, ``seed``, and model options (see the table)."""
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
-    try:
-        return MODELS[name](tuple(int(s) for s in input_shape), int(num_classes), **kwargs)
-    except TypeError as exc:
-        raise UserError(f"model {name!r}: bad option ({exc})") from exc
+    builder = MODELS[name]
+    allowed = set(inspect.signature(builder).parameters) - {"input_shape", "num_classes", "kwargs"}
+    allowed |= {"xp", "dtype", "seed"} | ({"widths", "dropout"} if name == "wide-mlp" else set())
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise UserError(f"model {name!r}: bad option {', '.join(unknown)}; it takes "
+                        f"{', '.join(sorted(allowed)) or 'no options'}")
+    return builder(tuple(int(s) for s in input_shape), int(num_classes), **kwargs)

@@ -26,10 +26,11 @@ LAYERS = [
     ("to-channel-major", lambda: ToChannelMajor(), (2, 3, 3), True),
     ("to-batch-major", lambda: ToBatchMajor(), (2, 3, 3), True),
     ("dropout", lambda: Dropout(0.3), (10,), True),
-    ("conv3x3-pad1", lambda: Conv2d(2, 3, 3, 1, 1, name="conv"), (2, 5, 5), True),
+    ("conv3x3-pad1", lambda: Conv2d(2, 3, 3, 1, 1, name="conv"), (2, 5, 5), True),     # dx by flipped conv
     ("conv3x3-stride2", lambda: Conv2d(2, 3, 3, 2, 1, name="conv"), (2, 7, 6), True),
     ("conv5x5-pad2", lambda: Conv2d(1, 2, 5, 1, 2, name="conv"), (1, 6, 6), True),
-    ("conv5x5-nopad", lambda: Conv2d(2, 2, 5, 1, 0, name="conv"), (2, 7, 7), True),
+    ("conv5x5-nopad", lambda: Conv2d(2, 2, 5, 1, 0, name="conv"), (2, 7, 7), True),    # dx by col2im
+    ("conv5x5-6to16", lambda: Conv2d(6, 16, 5, 1, 0, name="conv"), (6, 9, 9), True),  # LeNet conv2 shape
     ("conv3x3-pad3", lambda: Conv2d(2, 2, 3, 1, 3, name="conv"), (2, 4, 4), True),   # padding > k-1: col2im path
     ("conv1x1", lambda: Conv2d(2, 3, 1, 1, 0, name="conv"), (2, 4, 4), True),
     ("conv1x1-stride2-nobias", lambda: Conv2d(2, 3, 1, 2, 0, bias=False, name="conv"), (2, 5, 5), True),
