@@ -26,7 +26,9 @@ The Algorithm API (what the trainer uses)
 
 ``algo.finalize()``  (collective)
     End of training: drain and apply every held result to ``W`` now (so ``W`` contains
-    every gradient that was communicated). Not trajectory-preserving.
+    every gradient that was communicated); ``delta-own`` also folds the partial period
+    into ``W`` with one blocking allreduce (docs/PERIOD_RULE.md 4), so ``W`` is the mean
+    of the ranks' local models. Not trajectory-preserving: call it once, at the end.
 
 ``algo.global_weights()`` -> ``W`` (1-D view, identical on every rank);
 ``algo.local_weights()`` -> ``L`` (this rank's) or None outside the delay stage.
@@ -38,9 +40,10 @@ of the next local step (None in the warm-up).
 
 ``algo.state_dict() -> dict``  (collective: drains first)
     NumPy arrays and plain scalars (HDF5-storable): ``algo``, ``t``, ``s``, ``stage``,
-    ``W``, ``M``; in the delay stage also ``L`` and the schedule's state (``local.P`` for
-    glu-paper, ``period.acc``/``period.held``/``period.reduced``, ``period.V``,
-    ``period.L_start``, ``V`` for localsgd). BatchNorm buffers are the trainer's
+    ``W``, ``M``; in the delay stage also ``L`` and the schedule's state: ``local.P``
+    (glu-paper); ``period.acc``, ``period.has_Rp`` and, when 1, ``period.Rp`` (a drained,
+    not yet applied mean; --comm period); ``period.U``, ``period.S`` (delta-own); ``V``
+    (localsgd). ``--comm step`` has nothing in flight after the drain. BatchNorm buffers are the trainer's
     (``model.buffers()``), as are data order and RNG state.
 ``algo.load_state_dict(d)``
     Restores it into an algorithm built with the same config and model (``UserError``
