@@ -116,3 +116,13 @@ def test_maxpool_matches_a_direct_computation():
     y = MaxPool2d(2).forward(x)
     expected = x.reshape(2, 3, 2, 2, 3, 2).max(axis=(3, 5))
     np.testing.assert_array_equal(y, expected)
+
+
+def test_maxpool_ties_route_each_gradient_once():
+    """A window of equal values (zeros after a ReLU) sends its gradient to exactly one element."""
+    pool = MaxPool2d(2)
+    x = np.zeros((1, 1, 4, 4))
+    pool.forward(x)
+    dx = pool.backward(np.ones((1, 1, 2, 2)))
+    assert dx.sum() == 4 and set(np.unique(dx)) == {0.0, 1.0}
+    np.testing.assert_array_equal(dx[0, 0, ::2, ::2], np.ones((2, 2)))   # the first element of each window

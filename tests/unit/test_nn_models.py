@@ -229,3 +229,16 @@ def test_lenet5_adapts_to_small_images():
     assert build_model("lenet5", (1, 28, 28), 10).layers[4].padding == 0     # classic on 28x28
     with pytest.raises(UserError, match="at least 4x4"):
         build_model("lenet5", (1, 3, 3), 10)
+
+
+def test_evaluation_leaves_bn_statistics_and_gradients_alone():
+    model = build_model("resnet20", (3, 8, 8), 10)
+    x, labels = batch((3, 8, 8), dtype=np.float32, classes=10)
+    model.loss_and_grad(x, labels)
+    stats = {k: np.array(v, copy=True) for k, v in model.buffers().items()}
+    grads = model.grads.copy()
+    model.evaluate(x, labels)
+    model.forward(x, train=False)
+    for key, value in model.buffers().items():
+        np.testing.assert_array_equal(value, stats[key])
+    np.testing.assert_array_equal(model.grads, grads)
