@@ -7,8 +7,9 @@ building the parser imports each module's ``add_arguments``, so those modules
 must keep their top-level imports light.
 
 Exit codes: 0 success; 2 bad input (flags, data, checkpoints; one line, no
-traceback); 85 checkpointed on a signal, requeue me; 1 anything else (the whole
-MPI job is aborted, naming the failing rank).
+traceback); 3 training diverged (the last good checkpoint is kept); 85
+checkpointed on SIGUSR1/SIGTERM, requeue me; 130 checkpointed after Ctrl-C;
+1 anything else (the whole MPI job is aborted, naming the failing rank).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import mpiexec, run_cli
 
-SUBCOMMANDS = ("train", "eval", "bench", "plot", "info", "ckpt")
+SUBCOMMANDS = ("train", "eval", "bench", "plot", "info", "ckpt", "data")
 
 
 def test_help_lists_every_subcommand():
