@@ -167,7 +167,8 @@ class Conv2d(Layer):
             flipped = xp.ascontiguousarray(self.p["weight"][:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
             dcols = im2col(dy, self.k, self.k, 1, self.k - 1 - self.padding, self.workspace)
             return (flipped.reshape(self.cin, -1) @ dcols.reshape(self.cout * self.k * self.k, -1)).reshape(x.shape)
-        # Other strides: dcols = W^T dy, written over the columns (no longer needed), folded back by col2im.
+        # Otherwise (stride > 1, or dy much bigger than x): dcols = W^T dy, written over the columns
+        # (no longer needed), folded back by col2im.
         xp.matmul(self._wmat().T, dy2, out=cols)
         return col2im(cols.reshape(self.cin, self.k, self.k, *dy.shape[1:]), x.shape[2:], self.stride, self.padding)
 
