@@ -130,13 +130,15 @@ class Model:
                 layer.reset_state(_layer_seed(seed, full))
 
     def check_batch(self, x) -> None:
-        """``ValueError`` naming the first layer when ``x`` is not a float batch of ``input_shape``."""
-        first = self.layers[0].name
+        """``ValueError`` when ``x`` is not a batch of ``input_shape`` in ``dtype``; the message names
+        the model and its first layer with parameters (the one the data feeds), e.g. ``lenet5.conv1``."""
+        first = self.layers[min(self._first_trainable, len(self.layers) - 1)].name
+        where = f"{self.name}.{first}"
         if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{first}: expected input of shape (batch, {', '.join(map(str, self.input_shape))}), "
+            raise ValueError(f"{where}: expected input of shape (batch, {', '.join(map(str, self.input_shape))}), "
                              f"received {tuple(x.shape)}")
         if x.dtype != self.dtype:
-            raise ValueError(f"{first}: expected input of dtype {self.dtype}, received {x.dtype} "
+            raise ValueError(f"{where}: expected input of dtype {self.dtype}, received {x.dtype} "
                              f"(shape {tuple(x.shape)})")
 
     def forward(self, x, train: bool = True):

@@ -203,9 +203,9 @@ def test_dropout_is_seeded_and_resumes_bit_for_bit():
 
 
 @pytest.mark.parametrize("name, shape, bad_shape, first", [
-    ("mlp", (1, 28, 28), (4, 784), "flatten"),
-    ("lenet5", (1, 28, 28), (4, 3, 28, 28), "to_cnhw"),
-    ("resnet20", (3, 32, 32), (4, 32, 32, 3), "to_cnhw"),
+    ("mlp", (1, 28, 28), (4, 784), "mlp.fc1"),
+    ("lenet5", (1, 28, 28), (4, 3, 28, 28), "lenet5.conv1"),
+    ("resnet20", (3, 32, 32), (4, 32, 32, 3), "resnet20.conv1"),
 ])
 def test_wrong_shape_raises_value_error_naming_layer_expected_and_received(name, shape, bad_shape, first):
     model = build_model(name, shape, 10)
@@ -217,7 +217,7 @@ def test_wrong_shape_raises_value_error_naming_layer_expected_and_received(name,
 
 def test_wrong_dtype_raises_value_error():
     model = build_model("mlp", (1, 28, 28), 10)
-    with pytest.raises(ValueError, match=r"flatten: expected input of dtype float32, received float64 "
+    with pytest.raises(ValueError, match=r"mlp.fc1: expected input of dtype float32, received float64 "
                                          r"\(shape \(2, 1, 28, 28\)\)"):
         model.forward(np.zeros((2, 1, 28, 28)))
     with pytest.raises(ValueError, match="received int64"):
