@@ -242,3 +242,33 @@ def test_evaluation_leaves_bn_statistics_and_gradients_alone():
     for key, value in model.buffers().items():
         np.testing.assert_array_equal(value, stats[key])
     np.testing.assert_array_equal(model.grads, grads)
+
+
+@pytest.mark.parametrize("name, shape", [("mlp", (1, 6, 6)), ("lenet5", (1, 8, 8)), ("resnet20", (3, 8, 8))])
+def test_no_float64_upcast_anywhere_in_a_float32_step(name, shape):
+    """Every activation and every input gradient of every layer stays float32."""
+    model = build_model(name, shape, 10, dropout=0.2) if name == "mlp" else build_model(name, shape, 10)
+    seen = []
+    for full, layer in model.named_layers:
+        for method in ("forward", "backward"):
+            original = getattr(layer, method)
+
+            def traced(a, *args, _original=original, _where=f"{full}.{method}", **kwargs):
+                out = _original(a, *args, **kwargs)
+                seen.append((_where, a.dtype, None if out is None else out.dtype))
+                return out
+            setattr(layer, method, traced)
+    x, labels = batch(shape, dtype=np.float32, classes=10)
+    model.loss_and_grad(x, labels)
+    assert len(seen) > 2 * len(model.layers) - 2
+    wrong = [s for s in seen if s[1] != np.float32 or s[2] not in (None, np.float32)]
+    assert not wrong, wrong
+
+
+def test_assigning_params_copies_into_the_flat_buffer():
+    model = build_model("mlp", (4,), 2, widths=(3,))
+    buffer, view = model.params, model.flat.view("fc1.weight")
+    model.params = np.zeros(model.num_params, dtype=np.float32)
+    assert model.params is buffer and np.all(view == 0)          # layers still see the same memory
+    model.params += 1.0
+    assert model.params is buffer and np.all(view == 1)
