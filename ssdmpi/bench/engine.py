@@ -196,7 +196,9 @@ def run(args) -> int:
               f"batch {result['batch']}, float32")
         print(f"  threads: {result['threads']}; torch {result['torch_version']}, numpy {result['numpy_version']}")
         if result["openblas_coretype"]:
-            print(f"  note: OPENBLAS_CORETYPE={result['openblas_coretype']} is set (it can slow NumPy's BLAS)")
+            print(f"  note: OPENBLAS_CORETYPE={result['openblas_coretype']} is set: it pins NumPy's BLAS to an older "
+                  "kernel; to measure the current one, run this command alone under "
+                  "'env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE' and check the kernel named above")
         print(f"  one step (forward + backward + SGD), {result['repeats']} interleaved repeats:")
         print(f"    ssdmpi  median {_fmt_ms(result['ssdmpi_median_s'])}  (min {_fmt_ms(result['ssdmpi_min_s'])})")
         print(f"    torch   median {_fmt_ms(result['torch_median_s'])}  (min {_fmt_ms(result['torch_min_s'])})")
