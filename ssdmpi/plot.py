@@ -4,7 +4,7 @@ Figures (each written only when the runs hold the data it needs):
 
 | file | what |
 |---|---|
-| ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` vs training seconds (wall clock in training steps) |
+| ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
 | ``accuracy_vs_epoch.png`` | test accuracy of ``W`` vs epoch |
 | ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
 | ``throughput_vs_k.png`` | median samples/s vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
@@ -285,6 +285,10 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
     if not drawn:
         plt.close(fig)
         return None
+    target = next((run.final_accuracy() for run in runs if run.algo == "ssgd" and run.final_accuracy()), None)
+    if target is not None:
+        ax.axhline(100 * target - 0.5, color="gray", linestyle=":", linewidth=1,
+                   label="target: ssgd's final - 0.5 point")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy of global model W (%)")
     ax.set_title(title)
