@@ -27,6 +27,10 @@ class Algorithm:
 
     def __init__(self, config, model, communicator):
         self.config, self.model, self.comm = config, model, communicator
+        if getattr(communicator, "strategy", None) == "test":
+            # The `test` progress strategy moves an allreduce only inside MPI calls made by
+            # this thread: poke it between layers so it overlaps the compute.
+            model.between_layers = communicator.progress
         self.N = int(communicator.size)
         self.k = config.delay
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None

@@ -77,6 +77,10 @@ class Model:
         for i, layer in enumerate(self.layers):
             layer.input_grad = i > self._first_trainable
         self._inits = inits
+        # Called (no arguments) after each top-level layer of a training forward and backward:
+        # the algorithms hook the Communicator's progress() in here, so a nonblocking allreduce
+        # keeps moving during the compute instead of only when the caller waits for it.
+        self.between_layers = None
         self.initialize(seed)
 
     @property
@@ -148,15 +152,21 @@ class Model:
         ``x`` is not modified.
         """
         self.check_batch(x)
+        hook = self.between_layers if train else None
         for layer in self.layers:
             x = layer.forward(x, train)
+            if hook is not None:
+                hook()
         return x
 
     def backward(self, dlogits) -> None:
         """Back-propagate ``dlogits`` (consumed: may be overwritten); overwrites ``grads``."""
         dy = dlogits
+        hook = self.between_layers
         for layer in reversed(self.layers[self._first_trainable:]):
             dy = layer.backward(dy)
+            if hook is not None:
+                hook()
 
     def loss_and_grad(self, x, labels) -> float:
         """Forward + backward on one batch; returns the mean loss, leaves the mean gradient in ``grads``."""
