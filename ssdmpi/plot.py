@@ -7,7 +7,7 @@ Figures (each written only when the runs hold the data it needs):
 | ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
 | ``accuracy_vs_epoch.png`` | test accuracy of ``W`` vs epoch |
 | ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
-| ``throughput_vs_k.png`` | median samples/s vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
+| ``throughput_vs_k.png`` | steady-state samples/s (``Run.throughput``) vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
 
 This module also holds the reader of run directories (``load_run``), shared with
 ``ssdmpi bench train``. A run directory holds ``metrics.jsonl`` (one JSON object per
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,15 +157,16 @@ class Run:
         steady = [r for r in self.steps if str(get(r, "stage", "")).lower() not in WARMUP_STAGES]
         return steady or self.steps
 
-    def median(self, name: str, skip_warmup: bool = True):
-        """Median of a step field, over delay-stage steps when any are logged (None if absent).
-
-        The warm-up is SSGD for every algorithm, so steady-state numbers skip it when the
-        records say which stage they are in.
-        """
-        records = self.steady_steps() if skip_warmup else self.steps
-        values = [v for v in (_num(get(r, name)) for r in records) if v is not None]
-        return statistics.median(values) if values else None
+    def throughput(self):
+        """Steady-state samples/s: the harmonic mean of the logged ``samples_per_s`` past the
+        warm-up. Every logged interval covers the same number of samples, so this is total
+        samples over total time (a median or plain mean would over-weight the fast intervals
+        of a ``--comm period`` run, whose waits fall into a few of them). Falls back to the
+        summary's samples/s; None if neither exists."""
+        values = [v for v in (_num(get(r, "samples_per_s")) for r in self.steady_steps()) if v and v > 0]
+        if values:
+            return len(values) / sum(1.0 / v for v in values)
+        return _num(get(self.summary, "samples_per_s"))
 
     def final_accuracy(self):
         """Test accuracy (fraction) of the last evaluation, or of the summary; None if there is none."""
@@ -328,12 +328,10 @@ def _loss_figure(plt, runs, prefix=""):
 
 
 def throughput_by_k(runs):
-    """{series label: sorted [(k, median samples/s)]} plus the ssgd baseline (or None)."""
+    """{series label: sorted [(k, steady-state samples/s)]} plus the ssgd baseline (or None)."""
     lines, baseline = {}, None
     for run in runs:
-        sps = run.median("samples_per_s")
-        if sps is None:
-            sps = _num(get(run.summary, "samples_per_s"))
+        sps = run.throughput()
         if sps is None:
             continue
         if run.algo == "ssgd":
@@ -360,7 +358,7 @@ def _throughput_figure(plt, runs, prefix=""):
         ax.axhline(baseline, color="black", linestyle="--", linewidth=1, label="ssgd (no delay)")
     ax.set_xlabel("delay / period k (steps)")
     ax.set_ylabel("training throughput (samples/s, all ranks)")
-    ax.set_title(prefix + "Throughput vs k (median over delay-stage steps)")
+    ax.set_title(prefix + "Throughput vs k (after the warm-up)")
     ax.set_xticks(sorted(ks))
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)

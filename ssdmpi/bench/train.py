@@ -216,15 +216,6 @@ def _per_step_means(run):
     return {name: (totals[name] / steps if seen[name] else None) for name in totals}
 
 
-def _harmonic_mean_sps(run):
-    from ssdmpi.plot import _num, get
-
-    values = [v for v in (_num(get(r, "samples_per_s")) for r in run.steady_steps()) if v and v > 0]
-    if values:
-        return len(values) / sum(1.0 / v for v in values)
-    return _num(get(run.summary, "samples_per_s"))
-
-
 def run_metrics(run) -> dict:
     """The raw per-run numbers of one parsed run (``ssdmpi.plot.Run``), before comparison."""
     from ssdmpi.plot import _num, get
@@ -235,7 +226,7 @@ def run_metrics(run) -> dict:
         wall = _num(get(run.evals[-1], "train_time"))
     if wall is None:
         wall = _num(get(run.summary, "train_time"))
-    return {"samples_per_s": _harmonic_mean_sps(run), "compute_s": means["compute_s"],
+    return {"samples_per_s": run.throughput(), "compute_s": means["compute_s"],
             "inflight_s": means["inflight_s"], "wait_s": means["wait_s"], "bytes_sent": means["bytes_sent"],
             "final_acc": run.final_accuracy(), "wall_s": wall, "run": run}
 
