@@ -44,7 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ssdmpi.errors import UserError
@@ -346,17 +346,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
                              "ssd:step:K, localsgd:K")
-    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "
                              "the whole test split is kept), for short epochs")
-    parser.add_argument("--model", default="wide-mlp")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--model", default="wide-mlp",
+                        help="model of every run (default wide-mlp: 20 M parameters, communication-bound at 1 Gbit/s)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
     parser.add_argument("--steps", type=int, default=None, help="iterations per run (overrides --epochs)")
-    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--warmup-steps", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank (default 32)")
+    parser.add_argument("--lr", type=float, default=0.05, help="global learning rate (default 0.05)")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="SSGD warm-up iterations (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
     parser.add_argument("--train-args", default="", metavar="'FLAGS'",
                         help="more 'ssdmpi train' flags for every run, quoted, e.g. '--log-every 5'")
     parser.add_argument("--repeats", type=int, default=1, help="repeat the variant list R times, interleaved")
