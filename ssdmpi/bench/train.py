@@ -15,6 +15,9 @@ the results are written:
 - ``OUT/figures/*.png``: ``ssdmpi plot`` of all runs;
 - ``OUT/logs/NAME.log``: each run's stdout and stderr.
 
+``OUT`` is ``--out`` (default ``runs/bench-train-<timestamp>``). The defaults run the
+communication-bound case of ``BENCHMARKS.md`` (wide-mlp on Fashion-MNIST, 2 ranks, 1 Gbit/s).
+
 Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every algorithm):
 
 - samples/s: the trainer's logged ``samples_per_s``, harmonic mean over logged intervals
@@ -337,7 +340,8 @@ def _ks(text: str) -> list:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", required=True, metavar="DIR", help="results directory (runs/, logs/, tables, figures)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="results directory (runs/, logs/, tables, figures); default runs/bench-train-<timestamp>")
     parser.add_argument("--net", default="1gbit", metavar="RATE|none",
                         help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
                              "'none': shared memory, no namespace (default 1gbit)")
@@ -394,6 +398,8 @@ def _validate(args) -> list:
 
 def run(args) -> int:
     variants = _validate(args)
+    if not args.out:
+        args.out = time.strftime("runs/bench-train-%Y%m%d-%H%M%S")
     out = Path(args.out)
     jobs = [(v, rep, out / "runs" / (v.name if args.repeats == 1 else f"{v.name}-r{rep}"))
             for rep in range(args.repeats) for v in variants]

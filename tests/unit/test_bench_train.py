@@ -62,6 +62,12 @@ def test_train_subset_writes_a_small_hdf5_dataset_with_the_whole_test_split(tmp_
     assert cmd[cmd.index("--dataset") + 1] == "hdf5" and cmd[cmd.index("--data-path") + 1] == str(path)
 
 
+def test_default_results_directory_is_timestamped_under_runs(tmp_path):
+    result = run_cli(["bench", "train", "--variants", "ssgd", "--dry-run"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--run-dir runs/bench-train-" in result.stdout and "/runs/ssgd " in result.stdout
+
+
 def test_net_none_runs_plain_mpiexec(tmp_path):
     result = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd", "--net", "none",
                       "--dry-run", "--ranks", "4"])
