@@ -493,7 +493,11 @@ def _validate(args) -> None:
 
 
 def _under_launcher() -> bool:
-    return any(name in os.environ for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"))
+    """Started by an MPI launcher or by srun (a Slurm batch script's own shell has SLURM_PROCID too,
+    but no numeric SLURM_STEP_ID)."""
+    if any(name in os.environ for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
+        return True
+    return "SLURM_PROCID" in os.environ and os.environ.get("SLURM_STEP_ID", "").isdigit()
 
 
 def _relaunch(args) -> int:

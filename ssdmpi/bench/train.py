@@ -400,6 +400,8 @@ def run(args) -> int:
     variants = _validate(args)
     if not args.out:
         args.out = time.strftime("runs/bench-train-%Y%m%d-%H%M%S")
+    # Runs are launched from the repository root: make the output path independent of that.
+    args.out = str(Path(args.out).resolve())
     out = Path(args.out)
     jobs = [(v, rep, out / "runs" / (v.name if args.repeats == 1 else f"{v.name}-r{rep}"))
             for rep in range(args.repeats) for v in variants]

@@ -175,3 +175,18 @@ def test_a_real_two_rank_run_on_shared_memory(tmp_path):
     assert set(data["measured"]["step_s"]) == {"compute only", "ssgd", "ssd period k=2"}
     assert all(t > 0 for t in data["measured"]["allreduce_s"].values())
     assert len(data["model"]["plan"]) == 2
+
+
+def test_a_slurm_batch_shell_is_not_a_launcher_but_an_srun_step_is(monkeypatch):
+    from ssdmpi.bench.model import _under_launcher
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert not _under_launcher()
+    monkeypatch.setenv("SLURM_PROCID", "0")         # set in the batch script's own shell too
+    assert not _under_launcher()
+    monkeypatch.setenv("SLURM_STEP_ID", "0")        # only an srun step has a numeric step id
+    assert _under_launcher()
+    monkeypatch.delenv("SLURM_STEP_ID")
+    monkeypatch.setenv("PMI_RANK", "1")
+    assert _under_launcher()

@@ -65,7 +65,14 @@ def test_train_subset_writes_a_small_hdf5_dataset_with_the_whole_test_split(tmp_
 def test_default_results_directory_is_timestamped_under_runs(tmp_path):
     result = run_cli(["bench", "train", "--variants", "ssgd", "--dry-run"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "--run-dir runs/bench-train-" in result.stdout and "/runs/ssgd " in result.stdout
+    assert f"--run-dir {tmp_path.resolve()}/runs/bench-train-" in result.stdout and "/runs/ssgd " in result.stdout
+
+
+def test_relative_out_is_relative_to_the_callers_directory(tmp_path):
+    # Runs are launched from the repository root; a relative --out must still land here.
+    result = run_cli(["bench", "train", "--out", "mybench", "--variants", "ssgd", "--dry-run"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"--run-dir {tmp_path.resolve()}/mybench/runs/ssgd " in result.stdout
 
 
 def test_net_none_runs_plain_mpiexec(tmp_path):
