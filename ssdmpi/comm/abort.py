@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
+
+ABORT_GRACE_S = 0.5   # seconds between printing the reason and MPI_Abort (see abort_job)
 
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
@@ -55,6 +58,10 @@ def abort_job(message: str, exit_code: int = 1) -> None:
         pass
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and size > 1:
+        # The launcher forwards our stderr through a pipe; MPI_Abort tears the job down at
+        # once and can drop what is still in that pipe (seen with MPICH's hydra: the message
+        # naming the failing rank was lost about one time in four). Give it a moment.
+        time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(exit_code)
     os._exit(exit_code)
 
