@@ -1,0 +1,172 @@
+"""``ssdmpi bench accuracy`` on tiny settings (digits, MLP, a few dozen iterations).
+
+What is checked: the table and CSV have one cell/row per configuration, ssgd's difference
+to itself is 0 and every other difference is ``acc - acc(ssgd)`` of the row, the numbers
+are the reference simulator's (recomputed here), ``--jobs 2`` gives the same numbers as
+``--jobs 1``, ``--resume`` skips what is done, and bad arguments are one-line errors (exit 2).
+"""
+
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ssdmpi.bench import accuracy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["--dataset", "digits", "--models", "mlp", "--ranks", "1,2", "--delays", "2,3", "--epochs", "0.5",
+        "--warmup-steps", "4", "--batch-size", "8", "--lr", "0.05",
+        "--variants", "ssgd,step/global-momentum,period/delta-own,localsgd"]
+
+
+def bench(args, timeout=120):
+    """Run ``ssdmpi bench accuracy ARGS`` (``python -m`` until the dispatcher lists the kind)."""
+    from ssdmpi.bench import KINDS
+
+    if "accuracy" in KINDS:
+        cmd = [sys.executable, "-m", "ssdmpi", "bench", "accuracy"]
+    else:
+        cmd = [sys.executable, "-m", "ssdmpi.bench.accuracy"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("acc") / "sweep"
+    proc = bench(TINY + ["--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_csv_has_one_row_per_configuration(sweep):
+    out, _ = sweep
+    rows = read_csv(out / "results.csv")
+    assert list(rows[0]) == list(accuracy.FIELDS)
+    # per N: ssgd once + 3 variants x 2 values of k
+    assert len(rows) == 2 * (1 + 3 * 2)
+    keys = {(r["N"], r["variant"], r["k"]) for r in rows}
+    assert len(keys) == len(rows)
+    assert {r["k"] for r in rows if r["variant"] == "ssgd"} == {"0"}
+    for r in rows:
+        assert 0 <= float(r["acc_W"]) <= 100
+        assert int(r["steps"]) == round(0.5 * (1437 // (8 * int(r["N"]))))   # digits: 1437 training images
+
+
+def test_table_cells_are_accuracy_and_difference_to_ssgd(sweep):
+    out, proc = sweep
+    rows = read_csv(out / "results.csv")
+    acc = {(r["N"], r["variant"], r["k"]): float(r["acc_W"]) for r in rows}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("| mlp |")]
+    assert len(lines) == 2                                        # rows model x N
+    header = next(ln for ln in proc.stdout.splitlines() if ln.startswith("| model |"))
+    columns = [c.strip() for c in header.strip("|").split("|")][2:]
+    assert columns == ["ssgd", "step/global-momentum k=2", "step/global-momentum k=3", "period/delta-own k=2",
+                       "period/delta-own k=3", "localsgd k=2", "localsgd k=3"]
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        n = cells[1]
+        ref = acc[(n, "ssgd", "0")]
+        assert cells[2] == f"{ref:.2f} [+0.00]"                   # ssgd's difference to itself
+        for column, cell in zip(columns[1:], cells[3:]):
+            variant, k = column.split(" k=")
+            a = acc[(n, variant, k)]
+            assert cell == f"{a:.2f} [{a - ref:+.2f}]"
+    assert (out / "results.md").read_text().count("| mlp |") == 2
+
+
+def test_with_diffs_gives_zero_for_ssgd_and_blank_without_a_reference():
+    rows = [dict(model="mlp", N=2, variant="ssgd", k=0, acc_W=80.0),
+            dict(model="mlp", N=2, variant="localsgd", k=5, acc_W=81.5),
+            dict(model="mlp", N=4, variant="localsgd", k=5, acc_W=70.0)]
+    diffs = [r["diff_vs_ssgd"] for r in accuracy.with_diffs(rows)]
+    assert diffs == [0.0, 1.5, ""]
+
+
+def test_numbers_are_the_reference_simulators(sweep):
+    """Recompute one cell with the simulator directly: same loaders, steps, finalize, test set."""
+    from ssdmpi.algos import AlgoConfig
+    from ssdmpi.algos.reference import simulate
+    from ssdmpi.data import ShardedLoader, load_dataset
+    from ssdmpi.nn import build_model
+
+    out, _ = sweep
+    row = next(r for r in read_csv(out / "results.csv") if r["variant"] == "period/delta-own" and r["N"] == "2"
+               and r["k"] == "3")
+    ds = load_dataset("digits")
+    loaders = [ShardedLoader(ds.train_x, ds.train_y, 8, r, 2, 0) for r in range(2)]
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-own", delay=3, warmup_steps=4, lr=0.05)
+    sim = simulate(cfg, lambda: build_model("mlp", ds.input_shape, ds.num_classes, seed=0, widths=(256,)),
+                   loaders, int(row["steps"]))
+    sim.finalize()
+    acc, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
+    assert float(row["acc_W"]) == round(100 * acc, 2)
+
+
+def test_two_jobs_give_the_same_numbers(sweep, tmp_path):
+    out, _ = sweep
+    proc = bench(TINY + ["--jobs", "2", "--out", str(tmp_path / "j2")])
+    assert proc.returncode == 0, proc.stderr
+    key = lambda r: (r["N"], r["variant"], r["k"])                # noqa: E731
+    one = {key(r): r["acc_W"] for r in read_csv(out / "results.csv")}
+    two = {key(r): r["acc_W"] for r in read_csv(tmp_path / "j2" / "results.csv")}
+    assert one == two
+
+
+def test_resume_skips_done_configurations_and_runs_the_rest(tmp_path):
+    out = tmp_path / "r"
+    first = bench(TINY[:-1] + ["ssgd,localsgd", "--out", str(out)])
+    assert first.returncode == 0, first.stderr
+    assert len(read_csv(out / "results.csv")) == 2 * (1 + 2)
+    refused = bench(TINY + ["--out", str(out)])
+    assert refused.returncode == 2 and "not empty" in refused.stderr
+    second = bench(TINY + ["--out", str(out), "--resume"])
+    assert second.returncode == 0, second.stderr
+    assert "resume: 6 configuration(s)" in second.stderr
+    rows = read_csv(out / "results.csv")
+    assert len(rows) == 2 * (1 + 3 * 2)                            # only the missing ones were added
+    assert len({(r["N"], r["variant"], r["k"]) for r in rows}) == len(rows)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--variants", "ssgd,foo"], "--variants: unknown foo"),
+    (["--models", "resnet"], "--models: unknown resnet"),
+    (["--delays", "0"], "--delays needs integers >= 1"),
+    (["--delays", "2,x"], "--delays must be comma-separated integers"),
+    (["--ranks", "0"], "--ranks needs integers >= 1"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--epochs", "-1"], "--epochs must be > 0"),
+    (["--epochs", "mlp=3"], "gives no epochs for lenet5"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--train-subset", "10"], "smaller than one global batch"),
+    (["--resume"], "--resume needs --out"),
+])
+def test_bad_arguments_are_one_line_errors(args, words):
+    proc = bench(args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def test_out_must_not_be_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("mine")
+    proc = bench(TINY + ["--out", str(f)])
+    assert proc.returncode == 2 and "not a directory" in proc.stderr
+    assert f.read_text() == "mine"
+
+
+def test_subset_larger_than_the_data_is_an_error():
+    proc = bench(TINY + ["--train-subset", "100000"])
+    assert proc.returncode == 2 and "more than the 1437 training samples" in proc.stderr
