@@ -18,7 +18,9 @@ from ssdmpi.optim.schedules import LRSchedule
 
 ALGOS = ("ssgd", "ssd", "odsgd", "localsgd")
 COMMS = ("step", "period")
-DEFAULT_COMM = "step"             # the lead switches this to "period" when the measurements justify it
+# The sparsified schedule is the default: at k = 5 its rule delta-own keeps W within 1 point
+# of SSGD on the reference tasks (docs/PERIOD_RULE.md section 7, docs/ACCURACY.md).
+DEFAULT_COMM = "period"
 DEFAULT_DELAY = 5
 DEFAULT_LOCAL_UPDATE = "global-momentum"
 DEFAULT_GLU_DIVISOR = 12.0
@@ -119,8 +121,9 @@ class AlgoConfig:
             if self.local_update not in LOCAL_UPDATES:
                 raise UserError(f"--local-update {self.local_update!r} is not one of {', '.join(LOCAL_UPDATES)}")
             if not uses_local:
+                hint = "; it is for --comm step: add --comm step" if a == "ssd" and self.comm is None else "; drop it"
                 raise UserError(f"--local-update does not apply to --algo {a}"
-                                + (f" --comm period --period-rule {rule}" if rule else "") + "; drop it")
+                                + (f" --comm period --period-rule {rule}" if rule else "") + hint)
         local = (self.local_update or DEFAULT_LOCAL_UPDATE) if uses_local else None
         wants_local_lr = local in ("glu-paper", "sgd")
         for name, value in (("local-lr", self.local_lr), ("local-lr-schedule", self.local_lr_schedule)):

@@ -66,7 +66,7 @@ def by_kind(log, kind):
 
 def test_comm_step_posts_every_iteration_and_waits_one_iteration_later(recorded):
     T_w, steps = 3, 10
-    model, algo = run(AlgoConfig(warmup_steps=T_w, delay=2, lr=0.05), recorded, steps)
+    model, algo = run(AlgoConfig(warmup_steps=T_w, delay=2, comm="step", lr=0.05), recorded, steps)
     assert [t for _, t, _, _ in by_kind(recorded.log, "blocking")] == list(range(T_w))    # warm-up: SSGD
     starts, waits = by_kind(recorded.log, "start"), by_kind(recorded.log, "wait")
     assert [t for _, t, _, _ in starts] == list(range(T_w, steps))                       # one post per iteration

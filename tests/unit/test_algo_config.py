@@ -8,9 +8,11 @@ from ssdmpi.errors import UserError
 
 def test_defaults_resolve_per_algorithm():
     ssd = AlgoConfig().validate(world_size=4)
-    assert (ssd.algo, ssd.delay, ssd.comm, ssd.local_update, ssd.warmup_steps) == ("ssd", 5, "step",
-                                                                                   "global-momentum", 500)
-    assert ssd.local_lr is None and ssd.glu_divisor is None and ssd.period_rule is None
+    assert (ssd.algo, ssd.delay, ssd.comm, ssd.period_rule, ssd.warmup_steps) == ("ssd", 5, "period",
+                                                                                  "delta-own", 500)
+    assert ssd.local_lr is None and ssd.glu_divisor is None and ssd.local_update is None
+    step = AlgoConfig(comm="step").validate(world_size=4)
+    assert (step.local_update, step.period_rule) == ("global-momentum", None)
     od = AlgoConfig(algo="odsgd").validate(4)
     assert (od.delay, od.comm) == (1, "step")
     loc = AlgoConfig(algo="localsgd").validate(4)
@@ -19,9 +21,14 @@ def test_defaults_resolve_per_algorithm():
 
 
 def test_glu_paper_defaults_local_lr_to_world_size_times_lr_and_divisor_12():
-    c = AlgoConfig(local_update="glu-paper", lr=0.1).validate(world_size=4)
+    c = AlgoConfig(comm="step", local_update="glu-paper", lr=0.1).validate(world_size=4)
     assert c.local_lr == pytest.approx(0.4) and c.glu_divisor == 12.0
-    assert AlgoConfig(local_update="sgd", lr=0.1, local_lr=0.3).validate(4).local_lr == 0.3
+    assert AlgoConfig(comm="step", local_update="sgd", lr=0.1, local_lr=0.3).validate(4).local_lr == 0.3
+
+
+def test_a_local_update_without_comm_says_it_needs_comm_step():
+    with pytest.raises(UserError, match="it is for --comm step: add --comm step"):
+        AlgoConfig(local_update="glu-paper").validate(4)
 
 
 def test_period_rule_defaults_when_comm_period():
@@ -46,7 +53,7 @@ BAD = [
     (dict(algo="ssgd", delay=5), "--delay does not apply to --algo ssgd"),
     (dict(algo="odsgd", delay=5), "odsgd is ssd with --delay 1 --comm step"),
     (dict(algo="odsgd", comm="period"), "odsgd is ssd with --delay 1 --comm step"),
-    (dict(period_rule="replay"), "--period-rule applies only to --algo ssd --comm period"),
+    (dict(comm="step", period_rule="replay"), "--period-rule applies only to --algo ssd --comm period"),
     (dict(comm="period", period_rule="magic"), "--period-rule 'magic' is not one of"),
     (dict(local_update="adam"), "--local-update 'adam' is not one of"),
     (dict(algo="localsgd", local_update="sgd"), "--local-update does not apply to --algo localsgd"),
@@ -54,9 +61,9 @@ BAD = [
     (dict(comm="period", local_update="glu-paper"), "--local-update does not apply to --algo ssd --comm period"),
     (dict(comm="period", glu_divisor=16.0), "--glu-divisor applies only"),
     (dict(local_lr=0.4), "--local-lr applies only to --local-update glu-paper or sgd"),
-    (dict(local_update="sgd", local_lr=-1.0), "--local-lr must be > 0"),
+    (dict(comm="step", local_update="sgd", local_lr=-1.0), "--local-lr must be > 0"),
     (dict(glu_divisor=16.0), "--glu-divisor applies only to --local-update glu-paper"),
-    (dict(local_update="glu-paper", glu_divisor=0.0), "--glu-divisor must be > 0"),
+    (dict(comm="step", local_update="glu-paper", glu_divisor=0.0), "--glu-divisor must be > 0"),
     (dict(lr=0.0), "--lr must be > 0"),
     (dict(lr=float("nan")), "--lr must be a finite number"),
     (dict(momentum=1.0), "--momentum must be < 1"),

@@ -50,7 +50,8 @@ def test_resolved_config_records_the_algorithms_defaults():
     cfg, soft = resolve()
     algo = _algo_config(cfg, soft, 22, 440, world_size=4)
     out = _resolved(cfg, algo)
-    assert (out.delay, out.comm, out.local_update, out.warmup_steps) == (5, algo.comm, "global-momentum", 50)
+    assert (out.delay, out.comm, out.period_rule, out.local_update, out.warmup_steps) == \
+        (5, "period", "delta-own", None, 50)
     assert cfg.delay is None     # the input is not modified
 
 
