@@ -71,6 +71,7 @@ def run(args) -> int:
     from mpi4py import MPI
 
     from ssdmpi import backend, checkpoint
+    from ssdmpi.comm.agreement import on_root
     from ssdmpi.data import load_dataset
     from ssdmpi.errors import UserError
     from ssdmpi.nn import build_model
@@ -93,16 +94,7 @@ def run(args) -> int:
             shared["global_weights"] = algo["L"]
         return path, meta, shared
 
-    result = error = None
-    if rank == 0:
-        try:
-            result = read()
-        except UserError as exc:
-            error = str(exc)
-    result, error = world.bcast((result, error), root=0)
-    if error:
-        raise UserError(error, collective=True)
-    path, meta, shared = result
+    path, meta, shared = on_root(world, read)
     cfg = meta.get("config", {})
 
     backend.select(args.device)

@@ -99,20 +99,6 @@ def _say(rank: int, text: str, file=None) -> None:
         print(text, file=file or sys.stdout, flush=True)
 
 
-def _on_root(world, fn):
-    """Run ``fn()`` on rank 0 and give every rank its result; a ``UserError`` there is raised everywhere."""
-    result = error = None
-    if world.Get_rank() == 0:
-        try:
-            result = fn()
-        except UserError as exc:
-            error = str(exc)
-    result, error = world.bcast((result, error), root=0)
-    if error:
-        raise UserError(error, collective=True)
-    return result
-
-
 def _agree(comm, fn):
     """Run ``fn()`` on every rank; if it raised a ``UserError`` anywhere, raise it everywhere."""
     result, exc = None, None
@@ -341,6 +327,7 @@ def _train(args, stop: "Stop") -> int:
 
     from ssdmpi import __version__, backend, checkpoint
     from ssdmpi import config as configuration
+    from ssdmpi.comm.agreement import on_root
     from ssdmpi.comm.communicator import Communicator
     from ssdmpi.metrics import MetricsLog, Progress, launcher_on_terminal, write_summary
 
@@ -373,7 +360,7 @@ def _train(args, stop: "Stop") -> int:
         _prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
         return cfg, soft, ckpt_path, ckpt_meta
 
-    cfg, soft, ckpt_path, ckpt_meta = _on_root(world, configure)
+    cfg, soft, ckpt_path, ckpt_meta = on_root(world, configure)
 
     # -------------------------------------------------------------------------------------
     # 2. Setup: backend, communicator, data, model (seeded; rank 0's weights broadcast),

@@ -110,7 +110,7 @@ class AlgoConfig:
         rules = period_rules()
         if self.period_rule is not None:
             if comm != "period":
-                raise UserError(f"--period-rule applies only to --algo ssd --comm period; drop it")
+                raise UserError("--period-rule applies only to --algo ssd --comm period; drop it")
             if self.period_rule not in rules:
                 raise UserError(f"--period-rule {self.period_rule!r} is not one of {', '.join(rules)}")
         rule = (self.period_rule or default_period_rule()) if comm == "period" else None

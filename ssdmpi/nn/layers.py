@@ -176,42 +176,38 @@ class Flatten(Layer):
         return dy.reshape(self.in_shape)
 
 
-class ToChannelMajor(Layer):
+class _SwapBatchAndChannel(Layer):
+    """Base of the two layout layers: per-sample shape (C, H, W) in and out."""
+
+    def output_shape(self, input_shape):
+        if len(input_shape) != 3:
+            raise self._shape_error("channels, height, width", input_shape)
+        return tuple(input_shape)
+
+    def backward(self, dy):
+        return dy.transpose(1, 0, 2, 3)
+
+
+class ToChannelMajor(_SwapBatchAndChannel):
     """NCHW (N, C, H, W) -> channel-major (C, N, H, W): a transpose view, no copy (the next
     convolution's im2col reads any strides)."""
 
     def __init__(self, name: str = "to_cnhw"):
         self.name = name
 
-    def output_shape(self, input_shape):
-        if len(input_shape) != 3:
-            raise self._shape_error("channels, height, width", input_shape)
-        return tuple(input_shape)
-
     def forward(self, x, train: bool = True):
         return x.transpose(1, 0, 2, 3)
 
-    def backward(self, dy):
-        return dy.transpose(1, 0, 2, 3)
 
-
-class ToBatchMajor(Layer):
+class ToBatchMajor(_SwapBatchAndChannel):
     """Channel-major (C, N, H, W) -> NCHW (N, C, H, W), contiguous (so a following Flatten
     orders features as PyTorch does: channel, row, column)."""
 
     def __init__(self, name: str = "to_nchw"):
         self.name = name
 
-    def output_shape(self, input_shape):
-        if len(input_shape) != 3:
-            raise self._shape_error("channels, height, width", input_shape)
-        return tuple(input_shape)
-
     def forward(self, x, train: bool = True):
         return _xp(x).ascontiguousarray(x.transpose(1, 0, 2, 3))
-
-    def backward(self, dy):
-        return dy.transpose(1, 0, 2, 3)
 
 
 class Dropout(Layer):
