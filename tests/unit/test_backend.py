@@ -95,3 +95,14 @@ def test_gpu_helpers_move_and_pin():
     pinned = backend.pinned_empty((4,), np.float32)
     pinned[:] = 1
     assert pinned.sum() == 4
+
+
+def test_cupy_installed_without_a_gpu_falls_back_to_numpy():
+    # The case of CI and of login nodes: `import cupy` works, the first allocation raises.
+    cupy = pytest.importorskip("cupy", reason="CuPy not installed (pip install cupy-cuda12x)")
+    if GPU is not None:
+        pytest.skip("a GPU is usable here")
+    with pytest.raises(RuntimeError):
+        cupy.zeros(1)
+    assert backend.select("auto") is np
+    assert "first allocation failed" in backend.reason()
