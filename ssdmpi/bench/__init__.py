@@ -16,6 +16,7 @@ KINDS = {
     "comm": "allreduce bandwidth vs raw mpi4py, and overlap per progress strategy",
     "train": "whole training runs per algorithm on a throttled network: speed and accuracy",
     "model": "alpha-beta communication model: predicted vs measured speedup",
+    "accuracy": "final test accuracy of W per algorithm, schedule, local update and k (reference simulator)",
 }
 
 
