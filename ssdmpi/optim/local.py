@@ -23,7 +23,29 @@ from ssdmpi.backend import array_module
 LOCAL_UPDATES = ("global-momentum", "glu-paper", "sgd")
 
 
-class GlobalMomentumLocal:
+class LocalUpdate:
+    """Shared set-up of the rules: masked weight decay and scratch buffers; no state by default."""
+
+    name = "base"
+    uses_local_lr = False
+
+    def __init__(self, weight_decay: float, decay_mask, scratch: int = 2):
+        self.lam, self.mask = float(weight_decay), decay_mask
+        self._decay = decay_mask * self.lam          # exactly lam or 0: same rounding as lam*(mask*L)
+        xp = array_module(decay_mask)
+        self._scratch = tuple(xp.empty_like(decay_mask) for _ in range(scratch))
+
+    def begin(self, L) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+class GlobalMomentumLocal(LocalUpdate):
     """ALGORITHM.md 4b: ``L <- (L + mu*M) - eta_g*(lam*mask*L + g)``.
 
     ``M`` is the global momentum buffer (identical on all ranks), read, never written;
@@ -34,17 +56,12 @@ class GlobalMomentumLocal:
     uses_local_lr = False
 
     def __init__(self, M, momentum: float, weight_decay: float, decay_mask):
-        self.M, self.mu, self.lam, self.mask = M, float(momentum), float(weight_decay), decay_mask
-        self._decay = decay_mask * self.lam          # exactly lam or 0: same rounding as lam*(mask*L)
-        xp = array_module(decay_mask)
-        self._a, self._b = xp.empty_like(decay_mask), xp.empty_like(decay_mask)
-
-    def begin(self, L) -> None:
-        pass
+        super().__init__(weight_decay, decay_mask)
+        self.M, self.mu = M, float(momentum)
 
     def step(self, L, g, m: int, lr: float) -> None:
         xp = array_module(L)
-        a, b = self._a, self._b
+        a, b = self._scratch
         xp.multiply(L, self._decay, out=a)    # a = eta*(lam*mask*L + g), from the old L
         a += g
         a *= lr
@@ -52,14 +69,8 @@ class GlobalMomentumLocal:
         L += b
         L -= a
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, d: dict) -> None:
-        pass
-
-
-class GLUPaper:
+class GLUPaper(LocalUpdate):
     """ALGORITHM.md 4a, GLU as in the published prototype. With ``snap = (m mod k == 0)``::
 
         Gs    = ((1 - eta_l*lam*mask)*P - L) / C
@@ -77,19 +88,16 @@ class GLUPaper:
     uses_local_lr = True
 
     def __init__(self, world_size: int, delay: int, divisor: float, weight_decay: float, decay_mask):
+        super().__init__(weight_decay, decay_mask, scratch=3)
         self.N, self.k, self.C = int(world_size), int(delay), float(divisor)
-        self.lam, self.mask = float(weight_decay), decay_mask
-        self._decay = decay_mask * self.lam
-        xp = array_module(decay_mask)
-        self.P = xp.zeros_like(decay_mask)
-        self._a, self._b, self._c = (xp.empty_like(decay_mask) for _ in range(3))
+        self.P = array_module(decay_mask).zeros_like(decay_mask)
 
     def begin(self, L) -> None:
         self.P[...] = L
 
     def step(self, L, g, m: int, lr: float) -> None:
         xp = array_module(L)
-        a, b, c = self._a, self._b, self._c
+        a, b, c = self._scratch
         snap = m % self.k == 0
         f = 1.0 if snap else 0.5
         xp.multiply(self.mask, lr * self.lam, out=a)     # a = 1 - eta_l*lam*mask
@@ -115,35 +123,24 @@ class GLUPaper:
         self.P[...] = array_module(self.P).asarray(d["P"])
 
 
-class PlainLocalSGD:
+class PlainLocalSGD(LocalUpdate):
     """ALGORITHM.md 4c: ``L <- L - eta_l*(gbar + lam*mask*L)``, ``gbar = g/N``, no momentum."""
 
     name = "sgd"
     uses_local_lr = True
 
     def __init__(self, world_size: int, weight_decay: float, decay_mask):
-        self.N, self.lam, self.mask = int(world_size), float(weight_decay), decay_mask
-        self._decay = decay_mask * self.lam
-        xp = array_module(decay_mask)
-        self._a, self._b = xp.empty_like(decay_mask), xp.empty_like(decay_mask)
-
-    def begin(self, L) -> None:
-        pass
+        super().__init__(weight_decay, decay_mask)
+        self.N = int(world_size)
 
     def step(self, L, g, m: int, lr: float) -> None:
         xp = array_module(L)
-        a, b = self._a, self._b
+        a, b = self._scratch
         xp.multiply(L, self._decay, out=a)
         xp.divide(g, self.N, out=b)
         a += b
         a *= lr
         L -= a
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, d: dict) -> None:
-        pass
 
 
 def make_local_update(name: str, *, M, world_size: int, delay: int, momentum: float, weight_decay: float,
