@@ -173,14 +173,19 @@ def percent_error(predicted, measured):
 
 # ----------------------------------------------------------------------------- measurement
 
-def _sizes(text: str, flag: str) -> list:
+def _positive_numbers(text: str, flag: str, what: str = "numbers") -> list:
+    """``"1,4,16"`` -> ``[1.0, 4.0, 16.0]``; anything else is a one-line ``UserError`` naming ``flag``."""
     try:
-        sizes = [float(s) for s in text.split(",") if s.strip()]
+        values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        sizes = []
-    if not sizes or any(s <= 0 for s in sizes):
-        raise UserError(f"{flag} must be comma-separated positive sizes in MB like 1,4,16; got {text!r}")
-    return sizes
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise UserError(f"{flag} must be comma-separated positive {what}; got {text!r}")
+    return values
+
+
+def _sizes(text: str, flag: str) -> list:
+    return _positive_numbers(text, flag, "sizes in MB like 1,4,16")
 
 
 def _time_allreduce(comm, nbytes: int, reps: int) -> float:
@@ -478,12 +483,7 @@ def _validate(args) -> None:
     for p in args.patterns.split(","):
         parse_pattern(p)
     for flag, text in (("--plan-ranks", args.plan_ranks), ("--plan-gbits", args.plan_gbits)):
-        try:
-            values = [float(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            values = []
-        if not values or any(v <= 0 for v in values):
-            raise UserError(f"{flag} must be comma-separated positive numbers; got {text!r}")
+        _positive_numbers(text, flag)
     if args.plan_efficiency is not None and not 0 < args.plan_efficiency <= 1:
         raise UserError(f"--plan-efficiency must be in (0, 1], got {args.plan_efficiency}")
     if args.plan_compute_ms is not None and args.plan_compute_ms <= 0:
