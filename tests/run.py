@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from ssdmpi.comm.shm import SHM_DIR, stale_segments  # noqa: E402
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"]
 RANKS = (1, 2, 4)
 
@@ -46,10 +48,21 @@ def pytest_counts(output: str) -> dict:
     return {}
 
 
+def remove_new_stale_segments(before: set) -> None:
+    """Remove the MPI shared-memory segments this stage's aborted or killed jobs left behind
+    (new since ``before``, unmapped): a later job could attach to one (ssdmpi/comm/shm.py)."""
+    left = [p for p in stale_segments(min_age_s=1) if p.name not in before]
+    for path in left:
+        path.unlink(missing_ok=True)
+    if left:
+        print(f"=== removed {len(left)} stale MPI segment(s) left in {SHM_DIR} by this stage's aborted jobs")
+
+
 def run_stage(name: str, cmd: list[str], timeout: int, env: dict, totals: dict, logdir: Path | None = None) -> bool:
     """Run one stage under an outer timeout, echoing its output; add its pytest counts to ``totals``."""
     print(f"\n=== {name}: {' '.join(cmd)} (timeout {timeout}s)", flush=True)
     start = time.monotonic()
+    shm_before = {p.name for p in SHM_DIR.glob("*")}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     timed_out = threading.Event()
@@ -74,6 +87,7 @@ def run_stage(name: str, cmd: list[str], timeout: int, env: dict, totals: dict, 
     if rc == 5:   # pytest: no tests collected (a stage whose tests do not exist yet)
         print(f"=== {name}: no tests collected", flush=True)
     ok = rc in (0, 5)
+    remove_new_stale_segments(shm_before)
     print(f"=== {name}: {'ok' if ok else f'FAILED (exit {rc})'} in {time.monotonic() - start:.0f}s", flush=True)
     if not ok and logdir is not None:
         for log in sorted(logdir.glob("rank*.log")):

@@ -12,6 +12,8 @@ import threading
 import time
 import traceback
 
+from .shm import unlink_own_segments
+
 ABORT_GRACE_S = 0.5   # seconds between printing the reason and MPI_Abort (see abort_job)
 
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
@@ -62,6 +64,9 @@ def abort_job(message: str, exit_code: int = 1) -> None:
         # once and can drop what is still in that pipe (seen with MPICH's hydra: the message
         # naming the failing rank was lost about one time in four). Give it a moment.
         time.sleep(ABORT_GRACE_S)
+        # MPI_Abort kills this node's ranks before MPICH can remove its shared-memory
+        # segment; a stale one breaks a later job that hashes to the same name (comm/shm.py).
+        unlink_own_segments()
         MPI.COMM_WORLD.Abort(exit_code)
     os._exit(exit_code)
 

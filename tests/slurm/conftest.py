@@ -14,6 +14,13 @@ Without root, or without the packages (``apt-get install slurm-wlm munge``), eve
 test here is skipped with the reason. If the packages are there but the cluster
 does not come up, the tests fail and print the daemons' logs.
 
+Stale MPI shared memory cannot break it: MPICH names a node's segment after the PMI job
+name (for ``srun --mpi=pmi2``: "JOBID.STEPID"), and an aborted or killed job leaves it in
+``/dev/shm``. So each start numbers its jobs from a random ``FirstJobId`` (a new cluster does
+not reuse the last one's names), and a ``Prolog`` and ``Epilog`` on the node remove stale
+segments (unmapped, older than a moment: ``python -m ssdmpi.comm.shm --clean``) before and
+after every job, as a site's prolog/epilog would. Teardown removes what is left.
+
 Set ``SSDMPI_KEEP_SLURM=1`` to keep the temporary directory (configuration, logs,
 job outputs) after the session, for debugging.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import re
 import shutil
 import signal
@@ -33,6 +41,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from ssdmpi.comm.shm import remove_stale_segments
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS = ROOT / "jobs"
@@ -113,6 +123,7 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         (b / "plugstack.conf").write_text("")     # do not load the site's SPANK plugins
+        self.write_shm_cleaner(b / "shm-clean.sh")
         ctld_port, slurmd_port = _free_ports(2)
         cpus = os.cpu_count() or 1
         self.conf.write_text(f"""\
@@ -132,6 +143,9 @@ SlurmdSpoolDir={b}/spool
 SlurmctldPidFile={b}/slurmctld.pid
 SlurmdPidFile={b}/slurmd.pid
 PlugStackConfig={b}/plugstack.conf
+FirstJobId={random.randrange(1000, 60_000_000)}
+Prolog={b}/shm-clean.sh
+Epilog={b}/shm-clean.sh
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -153,6 +167,16 @@ KillWait=10
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={_mem_mb()} State=UNKNOWN
 PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
+
+    @staticmethod
+    def write_shm_cleaner(path: Path) -> None:
+        """The node's prolog/epilog: remove stale MPI segments. It must exit 0 (a failing
+        prolog drains the node), and it runs as root with Slurm's bare environment."""
+        path.write_text(f"""#!/bin/sh
+PYTHONPATH={ROOT} {sys.executable} -m ssdmpi.comm.shm --clean --min-age 1 >/dev/null 2>&1
+exit 0
+""")
+        path.chmod(0o755)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.logs / f"{name}.out", "wb")
@@ -325,6 +349,7 @@ def slurm_cluster():
         yield cluster
     finally:
         cluster.stop()
+        remove_stale_segments(min_age_s=1)
         if os.environ.get("SSDMPI_KEEP_SLURM"):
             print(f"\nkept the Slurm test directory {base}")
         else:

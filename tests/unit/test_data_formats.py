@@ -277,18 +277,13 @@ def test_data_list_says_where_each_dataset_is_looked_for(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason=f"Debian's dataset-fashion-mnist is not installed ({FASHION})")
 def test_fashion_mnist_from_the_debian_package():
     datasets.clear_cache()
-    start = time.perf_counter()
     ds = load_dataset("fashion-mnist")
-    seconds = time.perf_counter() - start
-    print(f"Fashion-MNIST decode + normalise: {seconds:.2f} s")
     assert ds.source == FASHION
     assert (ds.num_train, ds.num_test, ds.input_shape, ds.num_classes) == (60000, 10000, (1, 28, 28), 10)
     assert np.bincount(ds.train_y).tolist() == [6000] * 10 and np.bincount(ds.test_y).tolist() == [1000] * 10
     assert abs(float(ds.train_x.mean())) < 1e-4 and abs(float(ds.train_x.std()) - 1) < 1e-4
     assert 0.28 < ds.mean[0] < 0.29 and 0.35 < ds.std[0] < 0.36   # the well-known Fashion-MNIST statistics
-    assert seconds < 20   # ~1 s on an idle core; generous for a shared machine
-    start = time.perf_counter()
-    assert load_dataset("fashion-mnist") is ds and time.perf_counter() - start < 0.5
+    assert load_dataset("fashion-mnist") is ds   # cached: the second load decodes nothing
 
 
 def test_convert_under_mpiexec_writes_once(tmp_path):
