@@ -282,12 +282,18 @@ def _read_hdf5(path: str) -> RawSplits:
     return RawSplits("hdf5", num_classes=num_classes, source=path + origin, **arrays)
 
 
+def reject_options(name: str, options: dict) -> None:
+    """Only ``synthetic`` takes options. Checked before the data is looked for: a wrong
+    option is wrong wherever the data is, and the user should hear that first."""
+    if options and name != "synthetic":
+        raise UserError(f"dataset '{name}' takes no options (got {', '.join(sorted(options))})")
+
+
 def load_raw(name: str, path: str | None = None, **options) -> RawSplits:
     """Read dataset ``name`` without normalising it (validated: counts, shapes, label range)."""
     name = canonical_name(name)
+    reject_options(name, options)
     where = locate(name, path)
-    if options and name != "synthetic":
-        raise UserError(f"dataset '{name}' takes no options (got {', '.join(sorted(options))})")
     if name == "digits":
         raw = _read_digits()
     elif name == "synthetic":
@@ -401,6 +407,7 @@ def load_dataset(name: str, path: str | None = None, **options) -> Dataset:
     missing or malformed data. Every rank calling this gets identical arrays.
     """
     name = canonical_name(name)
+    reject_options(name, options)
     where = locate(name, path)
     if name == "synthetic":
         key_options = tuple(sorted(synthetic_options(options).items()))

@@ -207,6 +207,8 @@ def test_bad_synthetic_options(kwargs, words):
 def test_options_and_paths_where_none_belong():
     with pytest.raises(UserError, match="takes no options"):
         load_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist", num_train=5)
+    with pytest.raises(UserError, match="takes no options"):   # whether or not the data is there
+        load_dataset("fashion-mnist", "/nonexistent/fashion-mnist", num_train=5)
     with pytest.raises(UserError, match="takes no path"):
         load_dataset("digits", "/tmp")
     with pytest.raises(UserError, match="needs a path"):
