@@ -90,18 +90,14 @@ from __future__ import annotations
 import json
 import time
 
-from ssdmpi.comm.options import SIZE_SUFFIXES, parse_size
+from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
 
 
-def _sizes(texts) -> list:
-    from ssdmpi.errors import UserError
-
-    sizes = [parse_size(t) for t in texts]
-    if any(s < 4 for s in sizes):
-        raise UserError("every size must hold at least one float32 (4 bytes)")
-    return sizes
+def _sizes(texts, flag: str = "--sizes") -> list:
+    """Bytes of each size; each must hold at least one float32 (4 bytes)."""
+    return parse_list(texts, flag, "size", minimum=4, example="64K 4M")
 
 
 def add_arguments(parser) -> None:
@@ -303,7 +299,7 @@ def run(args) -> int:
     if "bandwidth" in args.parts:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
     if "overlap" in args.parts:
-        result["overlap"] = overlap(world, _sizes([args.overlap_size])[0], args.repeats, list(args.strategies),
+        result["overlap"] = overlap(world, _sizes([args.overlap_size], "--overlap-size")[0], args.repeats, list(args.strategies),
                                     args.compute_ratio, args.pieces)
     if world.Get_rank() == 0:
         if args.json:
