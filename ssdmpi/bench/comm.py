@@ -90,6 +90,7 @@ from __future__ import annotations
 import json
 import time
 
+from ssdmpi.bench.stats import median
 from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
@@ -114,12 +115,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--strategies", nargs="+", choices=("blocking", "test", "thread"),
                         default=["blocking", "test", "thread"], help="progress strategies to compare")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-
-
-def _median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 def bandwidth(world, sizes, repeats: int) -> list:
@@ -209,7 +204,7 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float, pieces: 
             start = time.perf_counter()
             baseline.allreduce_mean(buf)
             comm_alone.append(time.perf_counter() - start)
-        t_comm = np.array([_median(comm_alone)])
+        t_comm = np.array([median(comm_alone)])
         world.Allreduce(MPI.IN_PLACE, t_comm, op=MPI.MAX)     # every rank sizes the same compute
         t_comm = float(t_comm[0])
         for kind, make in (("cpu-bound (matmul)", _matmul_work), ("idle (sleep)", _sleep_work)):

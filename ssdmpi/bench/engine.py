@@ -23,6 +23,8 @@ import json
 import os
 import time
 
+from ssdmpi.bench.stats import median
+
 # model -> (input shape, options, default batch, target ratio ssdmpi/torch)
 SETUPS = {
     "mlp": ((1, 28, 28), {"widths": (512, 512)}, 128, 1.15),
@@ -59,12 +61,6 @@ def _limit_threads():
     infos = [f"{i.get('internal_api')} {i.get('architecture') or ''}".strip()
              for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
     return f"threadpoolctl, 1 thread ({', '.join(infos) or 'no BLAS found'})", limiter
-
-
-def _median(values):
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def measure(model_name: str, batch: int | None = None, repeats: int | None = None, warmup: int = 2,
@@ -136,7 +132,7 @@ def _measure(model_name, shape, options, batch, repeats, warmup, memory, threads
             step()
             times[name].append(time.perf_counter() - t0)
 
-    med = {k: _median(v) for k, v in times.items()}
+    med = {k: median(v) for k, v in times.items()}
     result = {
         "model": model_name, "input_shape": list(shape), "options": {k: list(v) if isinstance(v, tuple) else v
                                                                      for k, v in options.items()},
