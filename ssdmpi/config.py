@@ -25,8 +25,17 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 
-from ssdmpi.algos.config import (ALGOS, COMMS, DEFAULT_COMM, DEFAULT_DELAY, DEFAULT_GLU_DIVISOR,
-                                 DEFAULT_LOCAL_UPDATE, AlgoConfig, default_period_rule, period_rules)
+from ssdmpi.algos.config import (
+    ALGOS,
+    COMMS,
+    DEFAULT_COMM,
+    DEFAULT_DELAY,
+    DEFAULT_GLU_DIVISOR,
+    DEFAULT_LOCAL_UPDATE,
+    AlgoConfig,
+    default_period_rule,
+    period_rules,
+)
 from ssdmpi.comm.progress import DEFAULTS as PROGRESS_DEFAULTS
 from ssdmpi.comm.progress import PROGRESS
 from ssdmpi.comm.transport import TRANSPORTS
@@ -63,7 +72,7 @@ class TrainConfig:
     steps: int | None = None
     # global optimizer (ALGORITHM.md section 3)
     lr: float = AlgoConfig.lr          # the algorithm's defaults are AlgoConfig's
-    lr_schedule: str = "constant"      # constant | step:EPOCHS[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | poly[:POWER]
+    lr_schedule: str = "constant"      # see parse_schedule
     lr_warmup_epochs: float = 0.0      # linear learning-rate warm-up of the global lr
     momentum: float = AlgoConfig.momentum
     weight_decay: float = AlgoConfig.weight_decay
@@ -95,7 +104,7 @@ class TrainConfig:
     progress_bar: bool = True          # rank 0 shows a tqdm bar on a terminal
     stop_at_step: int | None = None    # checkpoint and exit 85 after this step (testing, job splitting)
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ``UserError`` (one line, naming the option) for the first bad setting."""
         choice("algo", self.algo, ALGOS)
         if self.comm is not None:

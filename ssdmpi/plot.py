@@ -188,7 +188,7 @@ def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not readable JSON ({exc}); re-run the job or remove the file")
+        raise UserError(f"{path}: not readable JSON ({exc}); re-run the job or remove the file") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -224,10 +224,10 @@ def load_run(run_dir) -> Run:
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: unreadable ({exc})")
+        raise UserError(f"{path}: unreadable ({exc})") from None
     lines = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
-    run = Run(path=run_dir, summary=_read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else {},
-              config=_read_config(run_dir))
+    summary = run_dir / "summary.json"
+    run = Run(path=run_dir, summary=_read_json(summary) if summary.is_file() else {}, config=_read_config(run_dir))
     for n, (lineno, line) in enumerate(lines):
         try:
             record = json.loads(line)
@@ -236,7 +236,7 @@ def load_run(run_dir) -> Run:
         except ValueError as exc:
             if n == len(lines) - 1 and n > 0:
                 continue   # the run was killed mid-write
-            raise UserError(f"{path}:{lineno}: corrupt metrics line ({exc}); the file is not JSON lines")
+            raise UserError(f"{path}:{lineno}: corrupt metrics line ({exc}); the file is not JSON lines") from None
         kind = str(get(record, "kind", "")).lower()
         if kind == "start":
             config = record.get("config")
@@ -258,7 +258,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UserError("'ssdmpi plot' needs matplotlib: pip install 'ssdmpi[plot]'")
+        raise UserError("'ssdmpi plot' needs matplotlib: pip install 'ssdmpi[plot]'") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

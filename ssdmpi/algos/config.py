@@ -78,7 +78,7 @@ class AlgoConfig:
         rule = period_rules().get(self.period_rule or default_period_rule())
         return bool(rule is not None and rule.uses_local_update)
 
-    def validate(self, world_size: int | None = None) -> "AlgoConfig":
+    def validate(self, world_size: int | None = None) -> AlgoConfig:
         """Check every field; return a resolved copy (defaults filled in). ``UserError`` on nonsense.
 
         ``world_size`` is needed to resolve the default local lr (``world_size * lr``).
@@ -111,8 +111,8 @@ class AlgoConfig:
                 raise UserError("--period-rule applies only to --algo ssd --comm period; drop it")
             choice("period-rule", self.period_rule, tuple(rules))
         rule = (self.period_rule or default_period_rule()) if comm == "period" else None
-        resolved = dataclasses.replace(self, comm=comm, period_rule=rule,
-                                       delay=self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None))
+        delay = self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None)
+        resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay)
         uses_local = resolved.uses_local_update()
         if self.local_update is not None:
             choice("local-update", self.local_update, LOCAL_UPDATES)

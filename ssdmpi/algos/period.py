@@ -48,7 +48,7 @@ class PeriodRule:
         return self.a.schedule(t)
 
     def _post(self, buf):
-        from ssdmpi import backend   # late: the CLI parser reads PERIOD_RULES
+        from ssdmpi import backend  # late: the CLI parser reads PERIOD_RULES
 
         backend.synchronize()
         return self.a.comm.allreduce_start(buf, average=True)

@@ -132,9 +132,9 @@ def bandwidth(world, sizes, repeats: int) -> list:
             buf = np.zeros(nbytes // 4, dtype=np.float32)
             inner = max(1, min(200, (1 << 21) // nbytes))      # small sizes: time batches, not one call
             variants = {
-                "raw": lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                "sum": lambda: comm.allreduce(buf, average=False),
-                "mean": lambda: comm.allreduce_mean(buf),
+                "raw": lambda buf=buf: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                "sum": lambda buf=buf: comm.allreduce(buf, average=False),
+                "mean": lambda buf=buf: comm.allreduce_mean(buf),
             }
             names = list(variants)
             samples = {name: [] for name in names}
@@ -294,8 +294,8 @@ def run(args) -> int:
     if "bandwidth" in args.parts:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
     if "overlap" in args.parts:
-        result["overlap"] = overlap(world, _sizes([args.overlap_size], "--overlap-size")[0], args.repeats, list(args.strategies),
-                                    args.compute_ratio, args.pieces)
+        size = _sizes([args.overlap_size], "--overlap-size")[0]
+        result["overlap"] = overlap(world, size, args.repeats, list(args.strategies), args.compute_ratio, args.pieces)
     if world.Get_rank() == 0:
         if args.json:
             print(json.dumps(result, indent=1))

@@ -39,7 +39,8 @@ LR = 0.01
 def add_arguments(parser) -> None:
     parser.add_argument("--model", choices=sorted(SETUPS), default="mlp",
                         help="mlp (784-512-512-10), lenet5 (28x28x1) or resnet20 (32x32x3); default mlp")
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed steps per engine (default: 30 mlp/lenet5, 7 resnet20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first (default 2)")

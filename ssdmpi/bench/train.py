@@ -42,8 +42,6 @@ import csv
 import io
 import os
 import shlex
-import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -53,7 +51,6 @@ from pathlib import Path
 from ssdmpi.bench.launch import NETNS, ROOT, check_network, mpiexec
 from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
-
 
 # (column key, header) in table order.
 COLUMNS = (
@@ -364,7 +361,7 @@ def _validate(args) -> list:
     try:
         shlex.split(args.train_args or "")
     except ValueError as exc:
-        raise UserError(f"--train-args: {exc}")
+        raise UserError(f"--train-args: {exc}") from None
     variants = [parse_variant(v) for v in args.variants.split(",")] if args.variants else default_variants(_ks(args.k))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
@@ -399,7 +396,7 @@ def run(args) -> int:
     results, failures = {}, 0
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-    for v, rep, run_dir in jobs:
+    for v, _rep, run_dir in jobs:
         status = None
         if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
             cmd = launch_command(v, run_dir, args)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from ssdmpi.errors import UserError
 
+
 def fit_alpha_beta(sizes, times) -> tuple:
     """Least-squares line ``t = a + b * size`` through the points; returns ``(a, b)``.
 
@@ -185,5 +186,6 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
                          "speedup": t_ssgd / t_ssd, "best_k": max(1, int(-(-T_n // c_plan)))})
     return {"alpha_s": alpha, "beta_s_per_byte": beta, "fit_a_s": a, "fit_b_s_per_byte": b,
             "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
-            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "allreduce_busy_s": T_busy, "plan_compute_s": c_plan, "plan_k": plan_k,
+            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "allreduce_busy_s": T_busy,
+            "plan_compute_s": c_plan, "plan_k": plan_k,
             "sizes": sizes, "steps": steps, "plan": plan}
