@@ -4,11 +4,21 @@ Install on a machine without MPI:      pip install -e '.[mpich]'
 Install against a site MPI (clusters): pip install -e .   (mpi4py builds against the site's mpicc)
 """
 
+import re
+
 from setuptools import find_packages, setup
+
+
+def version() -> str:
+    """``__version__`` of ssdmpi/__init__.py, read without importing the package."""
+    with open("ssdmpi/__init__.py", encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
 
 setup(
     name="ssdmpi",
-    version="0.1.0",
+    version=version(),
+    license="MIT",
     description="Data-parallel neural-network training with SSD-SGD (Several Steps Delay SGD) over MPI",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -29,7 +39,7 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib>=3.6"],
         # torch is a test oracle only; .ci/run installs the CPU build (torch==2.13.0) explicitly.
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["ssdmpi = ssdmpi.cli:main"]},
     scripts=["bin/ssdmpi-netns"],

@@ -22,19 +22,30 @@ This module is imported when the CLI parser is built: keep its top-level imports
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, fields
 
+from ssdmpi.algos.config import (
+    ALGOS,
+    COMMS,
+    DEFAULT_COMM,
+    DEFAULT_DELAY,
+    DEFAULT_GLU_DIVISOR,
+    DEFAULT_LOCAL_UPDATE,
+    AlgoConfig,
+    default_period_rule,
+    period_rules,
+)
+from ssdmpi.comm.progress import DEFAULTS as PROGRESS_DEFAULTS
+from ssdmpi.comm.progress import PROGRESS
+from ssdmpi.comm.transport import TRANSPORTS
 from ssdmpi.errors import UserError
+from ssdmpi.optim.local import LOCAL_UPDATES
+from ssdmpi.parsing import parse_list, parse_size
+from ssdmpi.validate import choice, flag_name, is_int, nonnegative_int, number, positive_int
 
-
-ALGOS = ("ssgd", "ssd", "odsgd", "localsgd")
-COMMS = ("step", "period")
-LOCAL_UPDATES = ("global-momentum", "glu-paper", "sgd")
+# The choices this module owns (the others are imported from the modules that implement them).
 DEVICES = ("auto", "cpu", "gpu")
-PROGRESS = ("auto", "test", "thread", "blocking")
-TRANSPORTS = ("auto", "cuda-aware", "host")
 DTYPES = ("float32", "float64")
 
 # Settings that decide the shape of the state or the meaning of every step: a resumed
@@ -60,28 +71,29 @@ class TrainConfig:
     epochs: int = 20
     steps: int | None = None
     # global optimizer (ALGORITHM.md section 3)
-    lr: float = 0.1
-    lr_schedule: str = "constant"      # constant | step:EPOCHS[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | poly[:POWER]
+    lr: float = AlgoConfig.lr          # the algorithm's defaults are AlgoConfig's
+    lr_schedule: str = "constant"      # see parse_schedule
     lr_warmup_epochs: float = 0.0      # linear learning-rate warm-up of the global lr
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
+    momentum: float = AlgoConfig.momentum
+    weight_decay: float = AlgoConfig.weight_decay
     # algorithm (ALGORITHM.md sections 1, 4, 5). None: the algorithm's own default (see
     # ssdmpi.algos.config); a setting that does not apply to --algo is an error.
     algo: str = "ssd"
-    delay: int | None = None           # k (5; odsgd: 1)
-    warmup_steps: int | None = None    # SSGD warm-up iterations (500), or warmup_epochs
+    delay: int | None = None           # k
+    warmup_steps: int | None = None    # SSGD warm-up iterations (None and no warmup_epochs: 0)
     warmup_epochs: float | None = None
-    comm: str | None = None            # step | period
-    local_update: str | None = None    # global-momentum | glu-paper | sgd
-    local_lr: float | None = None      # glu-paper, sgd (world size x lr)
-    local_lr_schedule: str | None = None   # None: the global schedule's shape
-    glu_divisor: float | None = None   # C of glu-paper (12)
+    comm: str | None = None            # communication schedule of ssd
+    local_update: str | None = None
+    local_lr: float | None = None      # glu-paper, sgd
+    local_lr_schedule: str | None = None
+    glu_divisor: float | None = None   # C of glu-paper
     period_rule: str | None = None     # rule of --comm period
     # runtime
     device: str = "auto"
     progress: str = "auto"             # how nonblocking allreduces progress
     transport: str = "auto"            # how GPU buffers reach MPI
     stall_timeout: float = 300.0       # seconds a wait may take before the job is aborted
+    bucket_size: int | None = None     # bytes per allreduce piece (None: one fused buffer)
     # run directory, checkpoints, logging
     run_dir: str | None = None         # None: runs/<timestamp>-<algo> under the current directory
     checkpoint_every: int = 0          # steps (0: only at epoch ends and at the end)
@@ -92,17 +104,17 @@ class TrainConfig:
     progress_bar: bool = True          # rank 0 shows a tqdm bar on a terminal
     stop_at_step: int | None = None    # checkpoint and exit 85 after this step (testing, job splitting)
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ``UserError`` (one line, naming the option) for the first bad setting."""
-        _choice("algo", self.algo, ALGOS)
+        choice("algo", self.algo, ALGOS)
         if self.comm is not None:
-            _choice("comm", self.comm, COMMS)
+            choice("comm", self.comm, COMMS)
         if self.local_update is not None:
-            _choice("local-update", self.local_update, LOCAL_UPDATES)
-        _choice("device", self.device, DEVICES)
-        _choice("progress", self.progress, PROGRESS)
-        _choice("transport", self.transport, TRANSPORTS)
-        _choice("dtype", self.dtype, DTYPES)
+            choice("local-update", self.local_update, LOCAL_UPDATES)
+        choice("device", self.device, DEVICES)
+        choice("progress", self.progress, PROGRESS)
+        choice("transport", self.transport, TRANSPORTS)
+        choice("dtype", self.dtype, DTYPES)
         if not isinstance(self.augment, str):
             raise UserError(f"--augment must be a string like none, flip or crop4,flip; got {self.augment!r}")
         from ssdmpi.data.augment import parse_augment
@@ -110,48 +122,50 @@ class TrainConfig:
         parse_augment(self.augment)
         for name in ("dataset", "model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise UserError(f"--{_flag(name)} must be a name, got {getattr(self, name)!r}")
-        _positive_int("batch-size", self.batch_size)
-        _positive_int("epochs", self.epochs)
+                raise UserError(f"--{flag_name(name)} must be a name, got {getattr(self, name)!r}")
+        positive_int("batch-size", self.batch_size)
+        positive_int("epochs", self.epochs)
         if self.steps is not None:
-            _positive_int("steps", self.steps)
+            positive_int("steps", self.steps)
         if self.delay is not None:
-            _positive_int("delay", self.delay)
+            positive_int("delay", self.delay)
         if self.widths is not None:
             if not isinstance(self.widths, (list, tuple)) or not self.widths or \
-                    not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in self.widths):
+                    not all(is_int(w) and w > 0 for w in self.widths):
                 raise UserError(f"--widths must be positive integers like 256,128; got {self.widths!r}")
-        _number("lr", self.lr, low=0.0, strict=True)
-        _number("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
-        _number("weight-decay", self.weight_decay, low=0.0)
-        _number("lr-warmup-epochs", self.lr_warmup_epochs, low=0.0)
+        number("lr", self.lr, low=0.0, strict=True)
+        number("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
+        number("weight-decay", self.weight_decay, low=0.0)
+        number("lr-warmup-epochs", self.lr_warmup_epochs, low=0.0)
         if self.glu_divisor is not None:
-            _number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
-        _number("stall-timeout", self.stall_timeout, low=0.0, strict=True)
+            number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
+        number("stall-timeout", self.stall_timeout, low=0.0, strict=True)
+        if self.bucket_size is not None:
+            positive_int("bucket-size", self.bucket_size)
         if self.local_lr is not None:
-            _number("local-lr", self.local_lr, low=0.0, strict=True)
+            number("local-lr", self.local_lr, low=0.0, strict=True)
         if self.warmup_steps is not None:
-            _nonnegative_int("warmup-steps", self.warmup_steps)
+            nonnegative_int("warmup-steps", self.warmup_steps)
         if self.warmup_epochs is not None:
-            _number("warmup-epochs", self.warmup_epochs, low=0.0)
+            number("warmup-epochs", self.warmup_epochs, low=0.0)
         if self.warmup_steps is not None and self.warmup_epochs is not None:
             raise UserError("give --warmup-steps or --warmup-epochs, not both")
         parse_schedule(self.lr_schedule, "lr-schedule")
         if self.local_lr_schedule is not None:
             parse_schedule(self.local_lr_schedule, "local-lr-schedule")
-        _nonnegative_int("checkpoint-every", self.checkpoint_every)
-        _nonnegative_int("keep-checkpoints", self.keep_checkpoints)
-        _nonnegative_int("eval-every", self.eval_every)
-        _positive_int("log-every", self.log_every)
-        _nonnegative_int("seed", self.seed)
+        nonnegative_int("checkpoint-every", self.checkpoint_every)
+        nonnegative_int("keep-checkpoints", self.keep_checkpoints)
+        nonnegative_int("eval-every", self.eval_every)
+        positive_int("log-every", self.log_every)
+        nonnegative_int("seed", self.seed)
         if self.stop_at_step is not None:
-            _positive_int("stop-at-step", self.stop_at_step)
+            positive_int("stop-at-step", self.stop_at_step)
         if not isinstance(self.progress_bar, bool):
             raise UserError(f"progress_bar must be true or false, got {self.progress_bar!r}")
         for name in ("run_dir", "data_path", "period_rule"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise UserError(f"--{_flag(name)} must be a non-empty string, got {value!r}")
+                raise UserError(f"--{flag_name(name)} must be a non-empty string, got {value!r}")
         return self
 
     def to_dict(self) -> dict:
@@ -178,40 +192,6 @@ class TrainConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(TrainConfig))
-
-
-# --- validation helpers -----------------------------------------------------------------
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _choice(flag, value, choices):
-    if value not in choices:
-        raise UserError(f"--{flag} {value!r} is not one of {', '.join(choices)}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _positive_int(flag, value):
-    if not _is_int(value) or value < 1:
-        raise UserError(f"--{flag} must be a positive integer, got {value!r}")
-
-
-def _nonnegative_int(flag, value):
-    if not _is_int(value) or value < 0:
-        raise UserError(f"--{flag} must be an integer >= 0, got {value!r}")
-
-
-def _number(flag, value, low=None, high=None, strict=False, high_open=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"--{flag} must be a finite number, got {value!r}")
-    if low is not None and (value < low or (strict and value == low)):
-        raise UserError(f"--{flag} must be {'>' if strict else '>='} {low}, got {value!r}")
-    if high is not None and (value > high or (high_open and value == high)):
-        raise UserError(f"--{flag} must be {'<' if high_open else '<='} {high}, got {value!r}")
 
 
 def parse_schedule(spec: str, flag: str = "lr-schedule") -> tuple[str, dict]:
@@ -253,70 +233,143 @@ def parse_schedule(spec: str, flag: str = "lr-schedule") -> tuple[str, dict]:
 
 # --- the command line -------------------------------------------------------------------
 
-def _int_list(text: str) -> list:
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise UserError(f"--widths must be comma-separated positive integers like 256,128; got {text!r}") from None
-    return values
+def _widths(text: str) -> list:
+    return parse_list(text, "--widths", int, minimum=1, example="256,128")
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _algorithm_defaults() -> dict:
+    """Help text of the settings whose default depends on ``--algo`` (``AlgoConfig`` decides)."""
+    return {
+        "delay": f"the algorithm's: {DEFAULT_DELAY}; odsgd: 1",
+        "comm": f"the algorithm's: {DEFAULT_COMM} for ssd; odsgd: step",
+        "period_rule": f"{default_period_rule()}",
+        "local_update": f"{DEFAULT_LOCAL_UPDATE}, where the schedule uses one",
+        "local_lr": "world size x lr",
+        "local_lr_schedule": "the global schedule's shape",
+        "glu_divisor": f"{DEFAULT_GLU_DIVISOR:g}",
+        "warmup_steps": "0",
+        "widths": "the model's own",
+        "run_dir": "runs/<timestamp>-<algo>",
+        "data_path": "the dataset's usual places",
+        "steps": "--epochs decides",
+        "bucket_size": "one fused buffer",
+        "warmup_epochs": "unset, --warmup-steps decides",
+        "stop_at_step": "never",
+    }
+
+
+def default_help(name: str, presets: dict | None = None) -> str:
+    """``"default: ..."`` for the setting ``name``, as a run with no flags resolves it.
+
+    A value of the default preset wins over the dataclass's; the text says when other
+    presets set their own. ``presets``: ``{name: settings}`` (default: the built-in ones).
+    """
+    presets = {p: load_preset(p) for p in list_presets()} if presets is None else presets
+    base = presets.get("default", {})
+    others = [p for p, values in presets.items() if p != "default" and name in values]
+    if name in base:
+        text = f"default: {_show(base[name])}, from the default preset"
+        return text + ("; the other presets set their own" if others else "")
+    value = getattr(TrainConfig, name, None)
+    text = f"default: {_show(value) if value is not None else _algorithm_defaults()[name]}"
+    return text + (f"; set by preset {', '.join(others)}" if others else "")
+
+
+# (field, flag keywords, what it is). Help adds the choices and "(default: ...)".
+_FLAGS = {
+    "data and model": [
+        ("dataset", {}, "dataset name"),
+        ("data_path", {"metavar": "PATH"}, "where the dataset's files are"),
+        ("augment", {}, "augmentation: none, flip, crop4 or crop4,flip"),
+        ("model", {}, "model: a name in ssdmpi.nn.MODELS (mlp, wide-mlp, lenet5, resnet20)"),
+        ("widths", {"type": _widths, "metavar": "W1,W2"}, "hidden widths of mlp"),
+        ("dtype", {"choices_help": DTYPES}, "parameter dtype"),
+    ],
+    "length and optimizer": [
+        ("batch_size", {"type": int, "metavar": "B"}, "batch size PER RANK"),
+        ("epochs", {"type": int}, "epochs to train"),
+        ("steps", {"type": int}, "iterations to train (overrides --epochs)"),
+        ("lr", {"type": float}, "global learning rate"),
+        ("lr_schedule", {"metavar": "SPEC"},
+         "constant | step:EVERY[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | poly[:POWER] (epochs)"),
+        ("lr_warmup_epochs", {"type": float, "metavar": "E"}, "linear lr warm-up"),
+        ("momentum", {"type": float}, "global momentum"),
+        ("weight_decay", {"type": float}, "weight decay on weights and BN gamma"),
+    ],
+    "algorithm (docs/ALGORITHM.md)": [
+        ("algo", {"choices_help": ALGOS}, "training algorithm"),
+        ("delay", {"type": int, "metavar": "K"}, "steps delay k"),
+        ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
+        ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
+         "SSGD warm-up in epochs (instead of --warmup-steps)"),
+        ("comm", {"choices_help": COMMS}, "communication schedule of ssd"),
+        ("local_update", {"choices_help": LOCAL_UPDATES}, "local update of the delay stage"),
+        ("local_lr", {"type": float}, "local learning rate"),
+        ("local_lr_schedule", {"metavar": "SPEC"}, "schedule of the local lr"),
+        ("glu_divisor", {"type": float, "metavar": "C"}, "GLU divisor C"),
+        ("period_rule", {"metavar": "RULE", "choices_help": "period_rules"}, "update rule of --comm period"),
+    ],
+    "runtime": [
+        ("device", {"choices_help": DEVICES}, "array backend"),
+        ("progress", {"choices_help": PROGRESS},
+         "who drives nonblocking allreduces: {choices}; auto = "
+         + ", ".join(f"{k}: {v}" for k, v in PROGRESS_DEFAULTS.items())),
+        ("transport", {"choices_help": TRANSPORTS}, "how GPU buffers reach MPI"),
+        ("bucket_size", {"type": parse_size, "metavar": "SIZE"},
+         "split each allreduce into pieces of SIZE bytes (e.g. 4M; K, M, G are powers of 1024)"),
+        ("stall_timeout", {"type": float, "metavar": "SEC"}, "abort the job when one wait lasts longer than this"),
+        ("seed", {"type": int}, "seed of initialisation, data order, augmentation"),
+    ],
+    "run directory, checkpoints, logging": [
+        ("run_dir", {"metavar": "DIR"}, "run directory"),
+        ("checkpoint_every", {"type": int, "metavar": "STEPS"},
+         "checkpoint every N steps, besides each epoch's end and the end (0: only those)"),
+        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints (0: all)"),
+        ("eval_every", {"type": int, "metavar": "EPOCHS"}, "evaluate every N epochs (0: at the end only)"),
+        ("log_every", {"type": int, "metavar": "STEPS"}, "metrics line every N steps"),
+        ("stop_at_step", {"type": int, "metavar": "N"},
+         "checkpoint and exit with code 85 after step N (as if preempted)"),
+    ],
+}
 
 
 def add_arguments(parser) -> None:
-    """The ``ssdmpi train`` flags. Every default is None: only flags actually given override."""
-    S = None
+    """The ``ssdmpi train`` flags. Every default is None: only flags actually given override.
+
+    The help of each flag states the default a run without it gets (``default_help``).
+    """
+    presets = {p: load_preset(p) for p in list_presets()}
     g = parser.add_argument_group("configuration")
     g.add_argument("--config", metavar="FILE", help="YAML file of settings (keys as below, e.g. batch_size: 64)")
     g.add_argument("--preset", metavar="NAME",
-                   help=f"named preset: {', '.join(list_presets()) or 'default'} (default: default)")
-    g = parser.add_argument_group("data and model")
-    g.add_argument("--dataset", default=S, help="dataset name (default: digits, built in)")
-    g.add_argument("--data-path", default=S, metavar="PATH", help="where the dataset's files are")
-    g.add_argument("--augment", default=S, help="augmentation: none, flip, crop4 or crop4,flip (default: none)")
-    g.add_argument("--model", default=S, help="model: mlp, wide-mlp, lenet5, resnet20 (default: mlp)")
-    g.add_argument("--widths", default=S, type=_int_list, metavar="W1,W2", help="hidden widths of mlp")
-    g.add_argument("--dtype", default=S, help="float32 (default) or float64")
-    g = parser.add_argument_group("length and optimizer")
-    g.add_argument("--batch-size", type=int, default=S, metavar="B", help="batch size PER RANK (default preset: 16)")
-    g.add_argument("--epochs", type=int, default=S, help="epochs to train (default: preset's)")
-    g.add_argument("--steps", type=int, default=S, help="iterations to train (overrides --epochs)")
-    g.add_argument("--lr", type=float, default=S, help="global learning rate")
-    g.add_argument("--lr-schedule", default=S, metavar="SPEC",
-                   help="constant | step:EVERY[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | poly[:POWER] (epochs)")
-    g.add_argument("--lr-warmup-epochs", type=float, default=S, metavar="E", help="linear lr warm-up")
-    g.add_argument("--momentum", type=float, default=S, help="global momentum (default 0.9)")
-    g.add_argument("--weight-decay", type=float, default=S, help="weight decay on weights and BN gamma (1e-4)")
-    g = parser.add_argument_group("algorithm (docs/ALGORITHM.md)")
-    g.add_argument("--algo", default=S, help=f"{' | '.join(ALGOS)} (default: ssd)")
-    g.add_argument("--delay", type=int, default=S, metavar="K", help="steps delay k (default 5)")
-    w = g.add_mutually_exclusive_group()
-    w.add_argument("--warmup-steps", type=int, default=S, metavar="T", help="SSGD warm-up iterations (default 500)")
-    w.add_argument("--warmup-epochs", type=float, default=S, metavar="E", help="SSGD warm-up in epochs")
-    g.add_argument("--comm", default=S, help="communication schedule of ssd: step | period (default: the algorithm's)")
-    g.add_argument("--local-update", default=S, help=f"{' | '.join(LOCAL_UPDATES)}")
-    g.add_argument("--local-lr", type=float, default=S, help="local learning rate (default: world size x lr)")
-    g.add_argument("--local-lr-schedule", default=S, metavar="SPEC", help="schedule of the local lr")
-    g.add_argument("--glu-divisor", type=float, default=S, metavar="C", help="GLU divisor C (default 12)")
-    g.add_argument("--period-rule", default=S, metavar="RULE", help="update rule of --comm period")
-    g = parser.add_argument_group("runtime")
-    g.add_argument("--device", default=S, help="auto | cpu | gpu (default: auto)")
-    g.add_argument("--progress", default=S, help="allreduce progress: auto | test | thread | blocking")
-    g.add_argument("--transport", default=S, help="GPU buffers to MPI: auto | cuda-aware | host")
-    g.add_argument("--stall-timeout", type=float, default=S, metavar="SEC", help="abort a wait longer than this")
-    g.add_argument("--seed", type=int, default=S, help="seed of initialisation, data order, augmentation")
-    g = parser.add_argument_group("run directory, checkpoints, logging")
-    g.add_argument("--run-dir", default=S, metavar="DIR", help="default: runs/<timestamp>-<algo>")
-    g.add_argument("--resume", metavar="auto|PATH",
-                   help="auto: newest valid checkpoint of --run-dir (fresh start if none); "
-                        "PATH: a checkpoint file or a run directory")
-    g.add_argument("--checkpoint-every", type=int, default=S, metavar="STEPS",
-                   help="checkpoint every N steps (always at each epoch's end and at the end)")
-    g.add_argument("--keep-checkpoints", type=int, default=S, metavar="N", help="keep the newest N (0: all; default 3)")
-    g.add_argument("--eval-every", type=int, default=S, metavar="EPOCHS", help="evaluate every N epochs (0: at the end only)")
-    g.add_argument("--log-every", type=int, default=S, metavar="STEPS", help="metrics line every N steps (default 10)")
-    g.add_argument("--no-progress-bar", dest="progress_bar", action="store_const", const=False, default=S,
-                   help="plain periodic lines instead of a progress bar")
-    g.add_argument("--stop-at-step", type=int, default=S, metavar="N",
-                   help="checkpoint and exit with code 85 after step N (as if preempted)")
+                   help=f"named preset: {', '.join(presets) or 'default'} (default: default)")
+    for title, flags in _FLAGS.items():
+        g = parser.add_argument_group(title)
+        exclusive = {}
+        for name, options, what in flags:
+            options = dict(options)
+            choices = options.pop("choices_help", None)
+            choices = tuple(period_rules()) if choices == "period_rules" else choices
+            where = options.pop("group", None)
+            if where is not None and where not in exclusive:
+                exclusive[where] = g.add_mutually_exclusive_group()
+            target = g if where is None else exclusive[where]
+            head = what.format(choices=" | ".join(choices)) if "{choices}" in what \
+                else f"{what}: {' | '.join(choices)}" if choices else what
+            target.add_argument(f"--{flag_name(name)}", default=None, **options,
+                                help=f"{head} ({default_help(name, presets)})".replace("%", "%%"))
+        if title == "run directory, checkpoints, logging":
+            g.add_argument("--resume", metavar="auto|PATH",
+                           help="auto: newest valid checkpoint of --run-dir (fresh start if none); "
+                                "PATH: a checkpoint file or a run directory")
+            g.add_argument("--no-progress-bar", dest="progress_bar", action="store_const", const=False,
+                           default=None, help="plain periodic lines instead of a progress bar")
 
 
 # --- presets and files --------------------------------------------------------------------
@@ -379,10 +432,12 @@ def _normalise(data: dict, where: str) -> dict:
         if name not in FIELD_NAMES:
             raise UserError(f"{where}: unknown setting {key!r} (see ssdmpi train --help for the settings)")
         if name == "widths" and isinstance(value, str):
-            value = _int_list(value)
-        if name == "widths" and isinstance(value, int) and not isinstance(value, bool):
+            value = _widths(value)
+        if name == "widths" and is_int(value):
             value = [value]
-        if isinstance(value, int) and not isinstance(value, bool) and \
+        if name == "bucket_size" and isinstance(value, str):
+            value = parse_size(value)
+        if is_int(value) and \
                 isinstance(getattr(TrainConfig, name, None), float):
             value = float(value)
         out[name] = value
@@ -463,7 +518,7 @@ def check_resume(old: dict, cfg: TrainConfig) -> None:
     old = _normalise(dict(old), "checkpoint config")
     for name in STRUCTURAL:
         if name in old and old[name] != getattr(cfg, name):
-            raise UserError(f"the checkpoint was trained with {_flag(name)}={old[name]!r} but this run asks for "
+            raise UserError(f"the checkpoint was trained with {flag_name(name)}={old[name]!r} but this run asks for "
                             f"{getattr(cfg, name)!r}; drop that setting or start a new run directory")
 
 
@@ -481,3 +536,67 @@ def default_run_dir(cfg: TrainConfig, when=None) -> str:
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
     return os.path.join("runs", f"{stamp}-{cfg.algo}")
+
+
+# --- from a TrainConfig to the objects of a run -------------------------------------------
+
+def schedule_in_steps(spec: str, steps_per_epoch: int, flag: str = "lr-schedule") -> dict:
+    """A schedule string (epochs) as ``AlgoConfig``'s dict in steps: ``{"kind", "every"/"milestones", ...}``."""
+    kind, options = parse_schedule(spec, flag)
+    out = {"kind": kind}
+    if kind == "step":
+        out.update(every=max(1, round(options["every"] * steps_per_epoch)), gamma=options["gamma"])
+    elif kind == "multistep":
+        out.update(milestones=[round(m * steps_per_epoch) for m in options["milestones"]], gamma=options["gamma"])
+    elif kind == "poly":
+        out["power"] = options["power"]
+    return out
+
+
+def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: int, world_size: int) -> AlgoConfig:
+    """The resolved ``AlgoConfig`` of ``cfg`` (epochs converted to steps with ``steps_per_epoch``).
+
+    Algorithm settings that came from a preset or checkpoint (``soft``, see
+    ``soft_settings``) and do not apply to the chosen algorithm are dropped, one at a time
+    in ``ALGO_SETTINGS`` order (``--preset cifar10-resnet20 --algo ssgd`` is fine); the
+    user's own inapplicable settings are a ``UserError``.
+    """
+    values = dict(
+        algo=cfg.algo, delay=cfg.delay, warmup_steps=cfg.warmup_iterations(steps_per_epoch),
+        comm=cfg.comm, period_rule=cfg.period_rule, local_update=cfg.local_update, lr=cfg.lr,
+        lr_schedule=schedule_in_steps(cfg.lr_schedule, steps_per_epoch),
+        lr_warmup_steps=int(round(cfg.lr_warmup_epochs * steps_per_epoch)), total_steps=total_steps,
+        local_lr=cfg.local_lr,
+        local_lr_schedule=None if cfg.local_lr_schedule is None
+        else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
+        momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor)
+    droppable = [k for k in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
+                             "glu_divisor") if k in soft]
+    try:
+        return AlgoConfig(**values).validate(world_size)
+    except UserError:
+        if not droppable:
+            raise
+    for key in droppable:
+        values[key] = None
+        try:
+            return AlgoConfig(**values).validate(world_size)
+        except UserError:
+            continue
+    return AlgoConfig(**values).validate(world_size)   # raises the error about the user's own settings
+
+
+def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
+    """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
+    out = dataclasses.replace(cfg)
+    for key in ("delay", "comm", "period_rule", "local_update", "glu_divisor"):
+        setattr(out, key, getattr(algo_cfg, key))
+    if out.warmup_epochs is None:
+        out.warmup_steps = int(algo_cfg.warmup_steps)
+    return out
+
+
+def communicator_options(cfg: TrainConfig) -> dict:
+    """Keyword arguments of ``Communicator`` for this run: ``Communicator(**communicator_options(cfg))``."""
+    return {"progress": cfg.progress, "transport": cfg.transport, "stall_timeout": cfg.stall_timeout,
+            "bucket_bytes": cfg.bucket_size}

@@ -73,7 +73,7 @@ def get(record: dict, name: str, default=None):
     return default
 
 
-def _num(value):
+def number(value):
     """``value`` as a finite float, or None."""
     try:
         x = float(value)
@@ -84,7 +84,7 @@ def _num(value):
 
 def as_fraction(acc):
     """Accuracy as a fraction in [0, 1] (accepts percentages)."""
-    acc = _num(acc)
+    acc = number(acc)
     if acc is None:
         return None
     return acc / 100.0 if acc > 1.0 else acc
@@ -124,7 +124,7 @@ class Run:
         if self.algo == "odsgd":
             return 1
         k = self.setting("delay", self.setting("k"))
-        return int(k) if _num(k) is not None else None
+        return int(k) if number(k) is not None else None
 
     @property
     def label(self) -> str:
@@ -145,7 +145,7 @@ class Run:
         """Paired lists (xs, ys) of fields ``x`` and ``y`` over ``records`` where both are numbers."""
         xs, ys = [], []
         for r in records:
-            a, b = _num(get(r, x)), _num(get(r, y))
+            a, b = number(get(r, x)), number(get(r, y))
             if a is not None and b is not None:
                 xs.append(a)
                 ys.append(b)
@@ -163,10 +163,10 @@ class Run:
         samples over total time (a median or plain mean would over-weight the fast intervals
         of a ``--comm period`` run, whose waits fall into a few of them). Falls back to the
         summary's samples/s; None if neither exists."""
-        values = [v for v in (_num(get(r, "samples_per_s")) for r in self.steady_steps()) if v and v > 0]
+        values = [v for v in (number(get(r, "samples_per_s")) for r in self.steady_steps()) if v and v > 0]
         if values:
             return len(values) / sum(1.0 / v for v in values)
-        return _num(get(self.summary, "samples_per_s"))
+        return number(get(self.summary, "samples_per_s"))
 
     def final_accuracy(self):
         """Test accuracy (fraction) of the last evaluation, or of the summary; None if there is none."""
@@ -178,7 +178,7 @@ class Run:
         """Training seconds (``train_time``) of the first evaluation with test accuracy >= ``target``
         (a fraction), else None."""
         for r in self.evals:
-            acc, t = as_fraction(get(r, "test_acc")), _num(get(r, "train_time"))
+            acc, t = as_fraction(get(r, "test_acc")), number(get(r, "train_time"))
             if acc is not None and t is not None and acc >= target - 1e-12:
                 return t
         return None
@@ -188,7 +188,7 @@ def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not readable JSON ({exc}); re-run the job or remove the file")
+        raise UserError(f"{path}: not readable JSON ({exc}); re-run the job or remove the file") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -224,10 +224,10 @@ def load_run(run_dir) -> Run:
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: unreadable ({exc})")
+        raise UserError(f"{path}: unreadable ({exc})") from None
     lines = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
-    run = Run(path=run_dir, summary=_read_json(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else {},
-              config=_read_config(run_dir))
+    summary = run_dir / "summary.json"
+    run = Run(path=run_dir, summary=_read_json(summary) if summary.is_file() else {}, config=_read_config(run_dir))
     for n, (lineno, line) in enumerate(lines):
         try:
             record = json.loads(line)
@@ -236,7 +236,7 @@ def load_run(run_dir) -> Run:
         except ValueError as exc:
             if n == len(lines) - 1 and n > 0:
                 continue   # the run was killed mid-write
-            raise UserError(f"{path}:{lineno}: corrupt metrics line ({exc}); the file is not JSON lines")
+            raise UserError(f"{path}:{lineno}: corrupt metrics line ({exc}); the file is not JSON lines") from None
         kind = str(get(record, "kind", "")).lower()
         if kind == "start":
             config = record.get("config")
@@ -258,7 +258,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UserError("'ssdmpi plot' needs matplotlib: pip install 'ssdmpi[plot]'")
+        raise UserError("'ssdmpi plot' needs matplotlib: pip install 'ssdmpi[plot]'") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

@@ -98,6 +98,15 @@ class Algorithm:
         """
         self.drain()
 
+    def __repr__(self) -> str:
+        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-own, lr=0.1, ...)``: the key settings."""
+        c = self.config
+        keys = (("k", self.k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule),
+                ("local_update", c.local_update), ("local_lr", c.local_lr), ("lr", c.lr),
+                ("momentum", c.momentum), ("weight_decay", c.weight_decay))
+        shown = ", ".join(f"{k}={v}" for k, v in keys if v is not None)
+        return f"{type(self).__name__}({self.name}, N={self.N}, {shown}, t={self.t}, stage={self.stage})"
+
     def signature(self) -> dict:
         """Settings every rank must agree on (plain scalars)."""
         d = {f"algo.{k}": v for k, v in self.config.to_dict().items() if v is not None}

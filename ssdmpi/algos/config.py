@@ -9,12 +9,12 @@ does not apply to the chosen algorithm can be rejected (``--comm step`` with
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from ssdmpi.errors import UserError
 from ssdmpi.optim.local import LOCAL_UPDATES
 from ssdmpi.optim.schedules import LRSchedule
+from ssdmpi.validate import choice, is_int, nonnegative_int, number
 
 ALGOS = ("ssgd", "ssd", "odsgd", "localsgd")
 COMMS = ("step", "period")
@@ -78,24 +78,22 @@ class AlgoConfig:
         rule = period_rules().get(self.period_rule or default_period_rule())
         return bool(rule is not None and rule.uses_local_update)
 
-    def validate(self, world_size: int | None = None) -> "AlgoConfig":
+    def validate(self, world_size: int | None = None) -> AlgoConfig:
         """Check every field; return a resolved copy (defaults filled in). ``UserError`` on nonsense.
 
         ``world_size`` is needed to resolve the default local lr (``world_size * lr``).
         """
         a = self.algo
-        if a not in ALGOS:
-            raise UserError(f"--algo {a!r} is not one of {', '.join(ALGOS)}")
-        _number("lr", self.lr, low=0.0, strict=True)
-        _number("momentum", self.momentum, low=0.0, high=1.0)
-        _number("weight-decay", self.weight_decay, low=0.0)
-        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
-            raise UserError(f"--warmup-steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if self.delay is not None and (not _is_int(self.delay) or self.delay < 1):
+        choice("algo", a, ALGOS)
+        number("lr", self.lr, low=0.0, strict=True)
+        number("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
+        number("weight-decay", self.weight_decay, low=0.0)
+        nonnegative_int("warmup-steps", self.warmup_steps)
+        if self.delay is not None and (not is_int(self.delay) or self.delay < 1):
             raise UserError(f"--delay must be an integer >= 1 (iterations between pulls of the global model), "
                             f"got {self.delay!r}")
-        if self.comm is not None and self.comm not in COMMS:
-            raise UserError(f"--comm {self.comm!r} is not one of {', '.join(COMMS)}")
+        if self.comm is not None:
+            choice("comm", self.comm, COMMS)
         if a == "ssgd" and self.delay is not None:
             raise UserError("--delay does not apply to --algo ssgd (blocking allreduce every step); drop it")
         if a in ("ssgd", "localsgd") and self.comm is not None:
@@ -111,15 +109,13 @@ class AlgoConfig:
         if self.period_rule is not None:
             if comm != "period":
                 raise UserError("--period-rule applies only to --algo ssd --comm period; drop it")
-            if self.period_rule not in rules:
-                raise UserError(f"--period-rule {self.period_rule!r} is not one of {', '.join(rules)}")
+            choice("period-rule", self.period_rule, tuple(rules))
         rule = (self.period_rule or default_period_rule()) if comm == "period" else None
-        resolved = dataclasses.replace(self, comm=comm, period_rule=rule,
-                                       delay=self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None))
+        delay = self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None)
+        resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay)
         uses_local = resolved.uses_local_update()
         if self.local_update is not None:
-            if self.local_update not in LOCAL_UPDATES:
-                raise UserError(f"--local-update {self.local_update!r} is not one of {', '.join(LOCAL_UPDATES)}")
+            choice("local-update", self.local_update, LOCAL_UPDATES)
             if not uses_local:
                 hint = "; it is for --comm step: add --comm step" if a == "ssd" and self.comm is None else "; drop it"
                 raise UserError(f"--local-update does not apply to --algo {a}"
@@ -130,17 +126,17 @@ class AlgoConfig:
             if value is not None and not wants_local_lr:
                 raise UserError(f"--{name} applies only to --local-update glu-paper or sgd; drop it")
         if self.local_lr is not None:
-            _number("local-lr", self.local_lr, low=0.0, strict=True)
+            number("local-lr", self.local_lr, low=0.0, strict=True)
         if self.glu_divisor is not None:
             if local != "glu-paper":
                 raise UserError("--glu-divisor applies only to --local-update glu-paper; drop it")
-            _number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
+            number("glu-divisor", self.glu_divisor, low=0.0, strict=True)
         local_lr = self.local_lr
         if wants_local_lr and local_lr is None:
             if world_size is None:
                 raise ValueError("world_size is needed to resolve the default local lr")
             local_lr = world_size * self.lr
-        if not _is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
+        if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
             raise UserError(f"lr warm-up must be an integer number of steps >= 0, got {self.lr_warmup_steps!r}")
         resolved = dataclasses.replace(resolved, local_update=local, local_lr=local_lr,
                                        glu_divisor=(self.glu_divisor or DEFAULT_GLU_DIVISOR) if local == "glu-paper"
@@ -172,15 +168,3 @@ class AlgoConfig:
                 d[key] = repr(sorted(d[key].items()))
         return d
 
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(flag, value, low=None, high=None, strict=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"--{flag} must be a finite number, got {value!r}")
-    if low is not None and (value < low or (strict and value == low)):
-        raise UserError(f"--{flag} must be {'>' if strict else '>='} {low}, got {value!r}")
-    if high is not None and value >= high:
-        raise UserError(f"--{flag} must be < {high}, got {value!r}")

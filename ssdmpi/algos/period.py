@@ -20,8 +20,6 @@ same rule, written independently from the spec, to ``ssdmpi/algos/reference.py``
 
 from __future__ import annotations
 
-from ssdmpi import backend
-
 
 class PeriodRule:
     """Base: the double buffer and the request in flight. ``algo`` is the ``SSDPeriod`` owner.
@@ -50,6 +48,8 @@ class PeriodRule:
         return self.a.schedule(t)
 
     def _post(self, buf):
+        from ssdmpi import backend  # late: the CLI parser reads PERIOD_RULES
+
         backend.synchronize()
         return self.a.comm.allreduce_start(buf, average=True)
 
@@ -194,6 +194,8 @@ class DeltaOwn(PeriodRule):
         if (a.t - a.T_w) % a.k != 0:               # not on a boundary: L - S is not zero
             D = self._acc
             a.xp.subtract(a.L, self.S, out=D)
+            from ssdmpi import backend
+
             backend.synchronize()
             a.comm.allreduce_mean(D)
             a.W += D

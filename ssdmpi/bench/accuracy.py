@@ -37,6 +37,7 @@ import sys
 import time
 
 from ssdmpi.errors import UserError
+from ssdmpi.parsing import parse_list
 
 MODELS = ("mlp", "lenet5")
 VARIANTS = {
@@ -85,13 +86,7 @@ def add_arguments(parser) -> None:
 # --- arguments -------------------------------------------------------------------------
 
 def _int_list(text: str, what: str, minimum: int) -> list[int]:
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"--{what} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < minimum:
-        raise UserError(f"--{what} needs integers >= {minimum}, got {text!r}")
-    return values
+    return parse_list(text, f"--{what}", int, minimum=minimum)
 
 
 def _epochs(text: str, models) -> dict:
@@ -350,14 +345,3 @@ def run(args) -> int:
     print(_report(args, rows, models, ranks, variants, delays, epochs, 0))
     return 0
 
-
-if __name__ == "__main__":
-    # Until ``ssdmpi/bench/__init__.py`` lists "accuracy": python -m ssdmpi.bench.accuracy ARGS
-    from ssdmpi.cli import Parser, report_user_error
-
-    _parser = Parser(prog="ssdmpi bench accuracy", description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    try:
-        sys.exit(run(_parser.parse_args()))
-    except UserError as exc:
-        sys.exit(report_user_error(exc))

@@ -18,71 +18,8 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K 64K 4M ...] [--re
     over repeats. ``stats``
     is what the Communicator's own instrumentation reported (``1 - wait_s / inflight_s``).
 
-Measured on the 2-core development machine, MPICH 5.0.2 wheel, mpi4py 4.1, 2 ranks,
-OMP_NUM_THREADS=1, 2026-11-30. The machine was shared with other engineers' jobs (load
-average 6-13 on 2 cores), so absolute GB/s vary by 2-3x between runs; the paired ratios
-are the numbers to read.
-
-Targets: (1) ``sum``/raw >= 0.95 at 4-64 MB; (2) overlap >= 90 % with idle compute, best
-strategy; (3) on a 1 Gbit/s network, a 16 MB allreduce within 10 % of raw.
-
-(1) Shared memory, ``mpiexec -n 2 ssdmpi bench comm --repeats 41 --sizes 4M 16M 64M
---parts bandwidth``, two runs::
-
-    size   sum/raw       mean/raw
-    4M     1.020  0.978  1.059  0.852
-    16M    1.052  0.965  0.913  0.845
-    64M    0.981  1.034  0.920  0.899
-
-``sum`` (the same operation as raw ``Allreduce``) is within noise of raw mpi4py. ``mean``
-adds one division pass over the buffer (memory-bound: ~10-15 % of a shared-memory
-allreduce); callers that can fold ``1/size`` into their update should use
-``average=False``. Whole range, ``mpiexec -n 2 ssdmpi bench comm --repeats 21``::
-
-    size  raw GB/s  sum GB/s  sum/raw  mean GB/s  mean/raw
-    1K       0.023     0.011    0.538      0.010     0.472
-    4K       0.081     0.043    0.505      0.039     0.463
-    16K      0.082     0.059    0.616      0.052     0.537
-    64K      0.187     0.138    0.695      0.114     0.713
-    256K     0.330     0.296    0.998      0.200     0.441
-    1M       0.655     0.297    0.728      0.598     0.651
-    4M       0.542     0.679    1.440      0.647     1.027
-    16M      1.051     1.048    0.992      1.045     1.005
-    64M      0.386     0.379    1.008      0.345     0.917
-
-Below ~256 KB the Communicator's Python bookkeeping (about 10-15 us per call: handle,
-clock reads, stats, watchdog marks) is comparable to the allreduce itself; gradient
-buffers are fused into one flat buffer, so training sends few, large allreduces.
-
-(3) 1 Gbit/s throttled loopback over TCP, ``bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2
-ssdmpi bench comm --repeats 11 --sizes 1M 4M 16M 64M``::
-
-    size  raw GB/s  sum GB/s  sum/raw  mean GB/s  mean/raw
-    1M       0.055     0.055    1.023      0.055     0.997
-    4M       0.062     0.062    0.984      0.059     0.964
-    16M      0.062     0.061    0.986      0.061     0.989
-    64M      0.059     0.059    1.004      0.059     0.999
-
-(2) Overlap, 16 MB, compute = 1.2 x the allreduce time, ``--pieces`` 10 or 1 (how often the
-caller calls ``progress()`` during the compute), median of 9-21 paired repeats, one value per
-run. ``mpiexec -n 2 ssdmpi bench comm --parts overlap --repeats 15 --pieces P`` (shared memory)
-and the same under ``bin/ssdmpi-netns --rate 1gbit --`` (1 Gbit/s)::
-
-                                     blocking   test            thread
-    1 Gbit/s, idle, 10 pieces           0 %     87 %  88 %      97 %  98 %
-    1 Gbit/s, idle, 1 piece            -1 %     50 %           100 %
-    1 Gbit/s, CPU-bound, 10 pieces     -4 %     89 %  66 %      68 %  56 %
-    1 Gbit/s, CPU-bound, 1 piece       -2 %     43 %            60 %
-    shared mem, idle, 1 piece                    3 %  37 %      99 %  99 %
-    shared mem, idle, 10 pieces        -4 %     38 %  26 % 54 %  67 %  83 % 66 %
-    shared mem, CPU-bound, 10 pieces   -2 %     17 %  42 %  5 %  25 %  21 % -26 %
-
-Target (2) is met by the ``thread`` strategy with idle compute: 97-100 % on the network and
-99 % on shared memory when the caller sleeps through the compute in one piece (as a GPU
-trainer waiting on its stream does). With 10 short sleeps on shared memory it measured
-63-83 %: the data moves by CPU copies on this oversubscribed 2-core machine (load average
-~10), and each of the sleeping caller's wake-ups came late (the ``stats`` column shows the
-thread's allreduce itself had finished before ``wait`` in 88-99 % of the time).
+Measured results (shared memory and a 1 Gbit/s throttled network) and the commands that
+produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
 """
 
 from __future__ import annotations
@@ -90,18 +27,15 @@ from __future__ import annotations
 import json
 import time
 
-from ssdmpi.comm.options import SIZE_SUFFIXES, parse_size
+from ssdmpi.bench.stats import median
+from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
 
 
-def _sizes(texts) -> list:
-    from ssdmpi.errors import UserError
-
-    sizes = [parse_size(t) for t in texts]
-    if any(s < 4 for s in sizes):
-        raise UserError("every size must hold at least one float32 (4 bytes)")
-    return sizes
+def _sizes(texts, flag: str = "--sizes") -> list:
+    """Bytes of each size; each must hold at least one float32 (4 bytes)."""
+    return parse_list(texts, flag, "size", minimum=4, example="64K 4M")
 
 
 def add_arguments(parser) -> None:
@@ -120,12 +54,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
-def _median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
 def bandwidth(world, sizes, repeats: int) -> list:
     """Part (a): one row per size: median seconds per variant, GB/s, paired ratios to raw."""
     import numpy as np
@@ -141,9 +69,9 @@ def bandwidth(world, sizes, repeats: int) -> list:
             buf = np.zeros(nbytes // 4, dtype=np.float32)
             inner = max(1, min(200, (1 << 21) // nbytes))      # small sizes: time batches, not one call
             variants = {
-                "raw": lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                "sum": lambda: comm.allreduce(buf, average=False),
-                "mean": lambda: comm.allreduce_mean(buf),
+                "raw": lambda buf=buf: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                "sum": lambda buf=buf: comm.allreduce(buf, average=False),
+                "mean": lambda buf=buf: comm.allreduce_mean(buf),
             }
             names = list(variants)
             samples = {name: [] for name in names}
@@ -213,7 +141,7 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float, pieces: 
             start = time.perf_counter()
             baseline.allreduce_mean(buf)
             comm_alone.append(time.perf_counter() - start)
-        t_comm = np.array([_median(comm_alone)])
+        t_comm = np.array([median(comm_alone)])
         world.Allreduce(MPI.IN_PLACE, t_comm, op=MPI.MAX)     # every rank sizes the same compute
         t_comm = float(t_comm[0])
         for kind, make in (("cpu-bound (matmul)", _matmul_work), ("idle (sleep)", _sleep_work)):
@@ -303,8 +231,8 @@ def run(args) -> int:
     if "bandwidth" in args.parts:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
     if "overlap" in args.parts:
-        result["overlap"] = overlap(world, _sizes([args.overlap_size])[0], args.repeats, list(args.strategies),
-                                    args.compute_ratio, args.pieces)
+        size = _sizes([args.overlap_size], "--overlap-size")[0]
+        result["overlap"] = overlap(world, size, args.repeats, list(args.strategies), args.compute_ratio, args.pieces)
     if world.Get_rank() == 0:
         if args.json:
             print(json.dumps(result, indent=1))

@@ -23,6 +23,8 @@ import json
 import os
 import time
 
+from ssdmpi.bench.stats import median
+
 # model -> (input shape, options, default batch, target ratio ssdmpi/torch)
 SETUPS = {
     "mlp": ((1, 28, 28), {"widths": (512, 512)}, 128, 1.15),
@@ -37,7 +39,8 @@ LR = 0.01
 def add_arguments(parser) -> None:
     parser.add_argument("--model", choices=sorted(SETUPS), default="mlp",
                         help="mlp (784-512-512-10), lenet5 (28x28x1) or resnet20 (32x32x3); default mlp")
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed steps per engine (default: 30 mlp/lenet5, 7 resnet20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first (default 2)")
@@ -59,12 +62,6 @@ def _limit_threads():
     infos = [f"{i.get('internal_api')} {i.get('architecture') or ''}".strip()
              for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
     return f"threadpoolctl, 1 thread ({', '.join(infos) or 'no BLAS found'})", limiter
-
-
-def _median(values):
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def measure(model_name: str, batch: int | None = None, repeats: int | None = None, warmup: int = 2,
@@ -136,7 +133,7 @@ def _measure(model_name, shape, options, batch, repeats, warmup, memory, threads
             step()
             times[name].append(time.perf_counter() - t0)
 
-    med = {k: _median(v) for k, v in times.items()}
+    med = {k: median(v) for k, v in times.items()}
     result = {
         "model": model_name, "input_shape": list(shape), "options": {k: list(v) if isinstance(v, tuple) else v
                                                                      for k, v in options.items()},

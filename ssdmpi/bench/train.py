@@ -42,18 +42,15 @@ import csv
 import io
 import os
 import shlex
-import shutil
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmpi.bench.launch import NETNS, ROOT, check_network, mpiexec
+from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[2]
-NETNS = ROOT / "bin" / "ssdmpi-netns"
 
 # (column key, header) in table order.
 COLUMNS = (
@@ -122,25 +119,6 @@ def default_variants(ks) -> list:
     return out
 
 
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
-
-
-def check_network(net: str) -> None:
-    """Raise ``UserError`` unless a throttled namespace can be made (root, iproute2, the launcher)."""
-    if net == "none":
-        return
-    if not NETNS.exists():
-        raise UserError(f"--net {net} needs {NETNS} (the throttled-network launcher); use --net none for shared memory")
-    if os.geteuid() != 0:
-        raise UserError(f"--net {net} needs root (a private network namespace and tc); run as root or use --net none")
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        raise UserError(f"--net {net} needs iproute2 ({' and '.join(missing)} not found: apt-get install iproute2); "
-                        "or use --net none")
-
-
 def subset_path(args) -> Path:
     """Where ``--train-subset N`` keeps its HDF5 file: ``OUT/data/DATASET-trainN.h5``."""
     return Path(args.out) / "data" / f"{args.dataset}-train{args.train_subset}.h5"
@@ -181,7 +159,7 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
              "--no-progress-bar"]
     train += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs)]
     train += variant.train_flags() + shlex.split(args.train_args or "")
-    cmd = [_mpiexec(), "-n", str(args.ranks)] + train
+    cmd = [mpiexec(), "-n", str(args.ranks)] + train
     if args.net != "none":
         cmd = [str(NETNS), "--rate", args.net, "--"] + cmd
     return cmd
@@ -196,21 +174,21 @@ def _per_step_means(run):
     that interval (``ssdmpi/metrics.py``); records are weighted by the steps they cover
     (the steps since the previous record), so a short last interval counts for less.
     """
-    from ssdmpi.plot import _num, get
+    from ssdmpi.plot import get, number
 
     totals = {"compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
     seen = {name: False for name in totals}
     steady = {id(r) for r in run.steady_steps()}
     steps, prev = 0, 0.0   # the first record covers the steps since the start
     for r in run.steps:
-        step = _num(get(r, "step"))
+        step = number(get(r, "step"))
         n = step - prev if (step is not None and prev is not None) else None
         prev = step if step is not None else prev
         if n is None or n <= 0 or id(r) not in steady:
             continue
         steps += n
         for name in totals:
-            value = _num(get(r, name))
+            value = number(get(r, name))
             if value is not None:
                 totals[name] += value * n
                 seen[name] = True
@@ -221,22 +199,17 @@ def _per_step_means(run):
 
 def run_metrics(run) -> dict:
     """The raw per-run numbers of one parsed run (``ssdmpi.plot.Run``), before comparison."""
-    from ssdmpi.plot import _num, get
+    from ssdmpi.plot import get, number
 
     means = _per_step_means(run)
     wall = None
     if run.evals:
-        wall = _num(get(run.evals[-1], "train_time"))
+        wall = number(get(run.evals[-1], "train_time"))
     if wall is None:
-        wall = _num(get(run.summary, "train_time"))
+        wall = number(get(run.summary, "train_time"))
     return {"samples_per_s": run.throughput(), "compute_s": means["compute_s"],
             "inflight_s": means["inflight_s"], "wait_s": means["wait_s"], "bytes_sent": means["bytes_sent"],
             "final_acc": run.final_accuracy(), "wall_s": wall, "run": run}
-
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> list:
@@ -253,7 +226,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
             row["status"] = results if isinstance(results, str) else "not run"
             rows.append(row)
             continue
-        m = {key: _median([r[key] for r in results]) for key in
+        m = {key: median([r[key] for r in results]) for key in
              ("samples_per_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", "final_acc", "wall_s")}
         m["runs"] = [r["run"] for r in results]
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
@@ -279,7 +252,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
             if base["final_acc"] is not None and m["final_acc"] is not None:
                 row["acc_delta"] = 100 * (m["final_acc"] - base["final_acc"])
         if target is not None:
-            row["tta_s"] = _median([run.time_to_accuracy(target) for run in m["runs"]])
+            row["tta_s"] = median([run.time_to_accuracy(target) for run in m["runs"]])
             if row["tta_s"] is not None and base["wall_s"]:
                 row["tta_ratio"] = row["tta_s"] / base["wall_s"]
     return rows
@@ -388,7 +361,7 @@ def _validate(args) -> list:
     try:
         shlex.split(args.train_args or "")
     except ValueError as exc:
-        raise UserError(f"--train-args: {exc}")
+        raise UserError(f"--train-args: {exc}") from None
     variants = [parse_variant(v) for v in args.variants.split(",")] if args.variants else default_variants(_ks(args.k))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
@@ -423,7 +396,7 @@ def run(args) -> int:
     results, failures = {}, 0
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-    for v, rep, run_dir in jobs:
+    for v, _rep, run_dir in jobs:
         status = None
         if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
             cmd = launch_command(v, run_dir, args)

@@ -16,6 +16,7 @@ needs for a bit-for-bit resume.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -82,6 +83,19 @@ class Model:
         # keeps moving during the compute instead of only when the caller waits for it.
         self.between_layers = None
         self.initialize(seed)
+
+    def __repr__(self) -> str:
+        """One line per top-level layer (output shape, parameters), then the total, like PyTorch's summary."""
+        shape, rows = self.input_shape, []
+        for layer in self.layers:
+            shape = layer.output_shape(shape)
+            count = sum(int(math.prod(p)) for _, lay in walk([layer]) for _, p, *_ in lay.declare())
+            rows.append((layer.name, type(layer).__name__, f"(B, {', '.join(map(str, shape))})", count))
+        width = max([len(r[0]) + len(r[1]) + 3 for r in rows] + [10])
+        lines = [f"{self.name}: input (B, {', '.join(map(str, self.input_shape))}), {self.dtype}"]
+        lines += [f"  {f'{n} ({t})':<{width}} -> {s:<20} {c:>10,} params" for n, t, s, c in rows]
+        lines.append(f"  total: {self.num_params:,} parameters")
+        return "\n".join(lines)
 
     @property
     def params(self):

@@ -6,8 +6,9 @@
 - ``LRSchedule``: constant, step, multistep, cosine, poly, each with linear warm-up.
 """
 
-from ssdmpi.optim.local import LOCAL_UPDATES, GLUPaper, GlobalMomentumLocal, PlainLocalSGD, make_local_update
-from ssdmpi.optim.schedules import KINDS as SCHEDULES, LRSchedule
+from ssdmpi.optim.local import LOCAL_UPDATES, GlobalMomentumLocal, GLUPaper, PlainLocalSGD, make_local_update
+from ssdmpi.optim.schedules import KINDS as SCHEDULES
+from ssdmpi.optim.schedules import LRSchedule
 from ssdmpi.optim.sgd import MomentumSGD
 
 __all__ = ["MomentumSGD", "GlobalMomentumLocal", "GLUPaper", "PlainLocalSGD", "make_local_update",

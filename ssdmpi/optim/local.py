@@ -18,7 +18,7 @@ the switch, when ``L`` has just been set to ``W``. Scratch buffers are allocated
 
 from __future__ import annotations
 
-from ssdmpi.backend import array_module
+from ssdmpi.optim.sgd import array_module
 
 LOCAL_UPDATES = ("global-momentum", "glu-paper", "sgd")
 

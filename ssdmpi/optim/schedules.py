@@ -90,7 +90,7 @@ class LRSchedule:
         return self.base_lr * self.factor(s)
 
     @classmethod
-    def from_spec(cls, base_lr: float, spec, total_steps: int | None = None, warmup_steps: int = 0) -> "LRSchedule":
+    def from_spec(cls, base_lr: float, spec, total_steps: int | None = None, warmup_steps: int = 0) -> LRSchedule:
         """Build from a kind name (``"cosine"``) or a dict ``{"kind": ..., options in steps}``.
 
         Dict keys: ``kind``, ``every``, ``milestones``, ``gamma``, ``power``, ``warmup_steps``,

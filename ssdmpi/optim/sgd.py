@@ -21,7 +21,12 @@ optimizer of ``localsgd`` and of the ``delta`` period rule.
 
 from __future__ import annotations
 
-from ssdmpi.backend import array_module
+
+def array_module(x):
+    """``numpy`` or ``cupy``, whichever owns ``x`` (imported late: the CLI parser imports this package)."""
+    from ssdmpi.backend import array_module as owner
+
+    return owner(x)
 
 
 class MomentumSGD:

@@ -22,13 +22,8 @@ TINY = ["--dataset", "digits", "--models", "mlp", "--ranks", "1,2", "--delays", 
 
 
 def bench(args, timeout=120):
-    """Run ``ssdmpi bench accuracy ARGS`` (``python -m`` until the dispatcher lists the kind)."""
-    from ssdmpi.bench import KINDS
-
-    if "accuracy" in KINDS:
-        cmd = [sys.executable, "-m", "ssdmpi", "bench", "accuracy"]
-    else:
-        cmd = [sys.executable, "-m", "ssdmpi.bench.accuracy"]
+    """Run ``ssdmpi bench accuracy ARGS``."""
+    cmd = [sys.executable, "-m", "ssdmpi", "bench", "accuracy"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
@@ -138,9 +133,9 @@ def test_resume_skips_done_configurations_and_runs_the_rest(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--variants", "ssgd,foo"], "--variants: unknown foo"),
     (["--models", "resnet"], "--models: unknown resnet"),
-    (["--delays", "0"], "--delays needs integers >= 1"),
+    (["--delays", "0"], "--delays must be comma-separated integers >= 1"),
     (["--delays", "2,x"], "--delays must be comma-separated integers"),
-    (["--ranks", "0"], "--ranks needs integers >= 1"),
+    (["--ranks", "0"], "--ranks must be comma-separated integers >= 1"),
     (["--lr", "0"], "--lr must be > 0"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--epochs", "-1"], "--epochs must be > 0"),

@@ -10,7 +10,7 @@ MB = 1_000_000
 
 
 def test_fit_recovers_a_known_line_and_rejects_a_single_size():
-    from ssdmpi.bench.model import fit_alpha_beta
+    from ssdmpi.bench.model.alphabeta import fit_alpha_beta
     from ssdmpi.errors import UserError
 
     sizes = [1 * MB, 4 * MB, 16 * MB]
@@ -24,7 +24,7 @@ def test_fit_recovers_a_known_line_and_rejects_a_single_size():
 
 
 def test_ring_allreduce_volume_grows_as_2_n_minus_1_over_n():
-    from ssdmpi.bench.model import ring_allreduce_time
+    from ssdmpi.bench.model.alphabeta import ring_allreduce_time
 
     assert ring_allreduce_time(8 * MB, 1, 1e-5, 1e-9) == 0.0
     assert ring_allreduce_time(8 * MB, 2, 1e-5, 1e-9) == pytest.approx(2e-5 + 8 * MB * 1e-9)
@@ -42,14 +42,14 @@ def test_ring_allreduce_volume_grows_as_2_n_minus_1_over_n():
     ("period", 5, 0.10),              # behind 5 steps: fully hidden, compute-bound
 ])
 def test_step_time_formulas(kind, k, expected):
-    from ssdmpi.bench.model import predict_step
+    from ssdmpi.bench.model.alphabeta import predict_step
 
     assert predict_step(kind, 0.10, 0.40, k) == pytest.approx(expected)
 
 
 def test_overlap_with_compute_slowed_by_communication():
     """c_busy = 2c: the compute runs at half speed while the allreduce is in flight."""
-    from ssdmpi.bench.model import predict_step
+    from ssdmpi.bench.model.alphabeta import predict_step
 
     c, T = 0.10, 0.40
     # k = 5: a period does 0.5 s of compute; 0.4 s of it at half speed (0.2 s done), then 0.3 s alone
@@ -65,7 +65,7 @@ def test_overlap_with_compute_slowed_by_communication():
 
 def test_overlap_with_communication_slowed_by_compute():
     """T_busy = 1.5 T: the allreduce runs at 2/3 speed while compute runs."""
-    from ssdmpi.bench.model import predict_step
+    from ssdmpi.bench.model.alphabeta import predict_step
 
     c, T = 0.10, 0.40
     # k = 2, c_busy = c: the compute (0.2 s) finishes first; by then 1/3 of the allreduce is done
@@ -81,7 +81,7 @@ def test_overlap_with_communication_slowed_by_compute():
 
 
 def test_speedup_of_period_is_bounded_by_one_plus_t_over_c():
-    from ssdmpi.bench.model import predict_step
+    from ssdmpi.bench.model.alphabeta import predict_step
 
     c, T = 0.1, 0.4
     speedups = [predict_step("ssgd", c, T) / predict_step("period", c, T, k) for k in (1, 2, 4, 8, 16)]
@@ -90,7 +90,7 @@ def test_speedup_of_period_is_bounded_by_one_plus_t_over_c():
 
 def synthetic_measurement(c=0.05, a=3e-4, b=8e-9, grad_bytes=80 * MB):
     """What ``measure`` returns when the machine behaves exactly like the model."""
-    from ssdmpi.bench.model import Pattern, predict_step
+    from ssdmpi.bench.model.alphabeta import Pattern, predict_step
 
     fit, check = [1 * MB, 4 * MB, 16 * MB], [2 * MB, 8 * MB, grad_bytes]
     T = a + b * grad_bytes
@@ -105,7 +105,7 @@ def synthetic_measurement(c=0.05, a=3e-4, b=8e-9, grad_bytes=80 * MB):
 
 
 def test_analysis_predicts_held_out_points_of_a_machine_that_follows_the_model():
-    from ssdmpi.bench.model import analyse
+    from ssdmpi.bench.model.alphabeta import analyse
 
     measured = synthetic_measurement()
     result = analyse(measured, rate_bps=1e9)
@@ -123,7 +123,7 @@ def test_analysis_predicts_held_out_points_of_a_machine_that_follows_the_model()
 
 
 def test_planning_table_scales_with_ranks_and_bandwidth():
-    from ssdmpi.bench.model import analyse
+    from ssdmpi.bench.model.alphabeta import analyse
 
     result = analyse(synthetic_measurement(b=16e-9), rate_bps=1e9, plan_ranks=(2, 8), plan_gbits=(1, 100))
     assert result["efficiency"] == pytest.approx(1.0)
@@ -136,7 +136,8 @@ def test_planning_table_scales_with_ranks_and_bandwidth():
 
 
 def test_report_lists_measured_points_next_to_predictions():
-    from ssdmpi.bench.model import analyse, report
+    from ssdmpi.bench.model.alphabeta import analyse
+    from ssdmpi.bench.model.report import report
 
     measured = synthetic_measurement()
     text = report(measured, analyse(measured, rate_bps=1e9), "1gbit")
@@ -178,7 +179,7 @@ def test_a_real_two_rank_run_on_shared_memory(tmp_path):
 
 
 def test_a_slurm_batch_shell_is_not_a_launcher_but_an_srun_step_is(monkeypatch):
-    from ssdmpi.bench.model import _under_launcher
+    from ssdmpi.bench.launch import under_launcher as _under_launcher
 
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "SLURM_STEP_ID"):
         monkeypatch.delenv(name, raising=False)

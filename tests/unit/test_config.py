@@ -147,3 +147,42 @@ def test_every_preset_is_valid():
     assert {"default", "cifar10-resnet20"} <= set(names)
     for name in names:
         config.resolve(parse("--preset", name))
+
+
+def _help_of(flag):
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return next(a.help for a in parser._actions if flag in a.option_strings)
+
+
+def test_help_states_the_default_a_run_without_the_flag_gets():
+    cfg = config.resolve(parse())
+    assert f"default: {cfg.warmup_steps}, from the default preset" in _help_of("--warmup-steps")
+    assert "the other presets set their own" in _help_of("--warmup-steps")
+    assert f"default: {cfg.momentum}" in _help_of("--momentum")
+    assert f"default: {cfg.stall_timeout}" in _help_of("--stall-timeout")
+    assert "default: the algorithm's: 5" in _help_of("--delay")
+    for name in config.FIELD_NAMES:
+        if name != "progress_bar":
+            assert "default: " in _help_of(f"--{name.replace('_', '-')}"), name
+
+
+def test_choices_come_from_the_modules_that_implement_them():
+    from ssdmpi.algos.config import ALGOS, COMMS
+    from ssdmpi.comm.progress import PROGRESS
+    from ssdmpi.comm.transport import TRANSPORTS
+    from ssdmpi.optim.local import LOCAL_UPDATES
+
+    assert (config.ALGOS, config.COMMS, config.LOCAL_UPDATES, config.PROGRESS, config.TRANSPORTS) == \
+        (ALGOS, COMMS, LOCAL_UPDATES, PROGRESS, TRANSPORTS)
+    assert config.ALGOS is ALGOS and config.PROGRESS is PROGRESS
+    assert " | ".join(LOCAL_UPDATES) in _help_of("--local-update")
+
+
+def test_algorithm_defaults_are_stated_once():
+    from ssdmpi.algos.config import AlgoConfig
+
+    d = config.TrainConfig()
+    assert (d.lr, d.momentum, d.weight_decay) == (AlgoConfig.lr, AlgoConfig.momentum, AlgoConfig.weight_decay)
+    preset = config.load_preset("default")
+    assert not {k for k, v in preset.items() if getattr(d, k) == v}, "the default preset restates a default"

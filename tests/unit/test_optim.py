@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ssdmpi import backend
-from ssdmpi.optim import GLUPaper, GlobalMomentumLocal, MomentumSGD, PlainLocalSGD, make_local_update
+from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, PlainLocalSGD, make_local_update
 
 torch = pytest.importorskip("torch")
 

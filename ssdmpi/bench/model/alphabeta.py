@@ -1,0 +1,191 @@
+"""The alpha-beta model of step time: pure functions, no MPI (``ssdmpi bench model``).
+
+The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time)::
+
+    ssgd                      t = c + T           blocking allreduce every step
+    localsgd, period k        t = c + T / k       blocking allreduce every k steps
+    ssd --comm period, k      t = P / k           one allreduce per period of k steps,
+                                                  overlapped with the next k steps (below)
+    ssd --comm step (odsgd)   the same, k = 1     each allreduce overlaps ONE step
+
+The period ``P`` must do ``k c`` of compute and one allreduce. While both run, the compute
+runs at speed ``c / c_busy`` and the allreduce at ``T / T_busy``; whichever finishes first
+leaves the other to run alone::
+
+    T_busy <= k c_busy  (allreduce first):  P = T_busy + k c - T_busy * c / c_busy
+    otherwise           (compute first):    P = k c_busy + T - T * k c_busy / T_busy
+
+With perfect overlap (``c_busy = c``, ``T_busy = T``) this is ``P / k = max(c, T/k)``, and
+the speedup of ssd period over ssgd is ``(c + T) / max(c, T/k) <= 1 + T/c``, reached at
+``k >= T/c``. ``T_busy`` enters the predictions as its measured ratio to the measured alone
+time, applied to the fitted ``T``.
+
+Allreduce time, ring algorithm on ``N`` ranks (per-hop latency ``alpha``, per-byte time on
+a rank's link ``beta``; each rank sends ``2 (N-1)/N * S`` bytes in ``2 (N-1)`` messages)::
+
+    T_N(S) = 2 (N-1) alpha + 2 (N-1)/N * S * beta
+
+Fit: at ``N = 2`` this is ``T_2(S) = 2 alpha + S beta = a + b S``; least squares of the
+measured times at ``--fit-sizes`` gives ``a, b`` (so ``alpha = a/2``, ``beta = b``). Every
+other measured point (held-out sizes, all step loops) is a prediction the fit never saw.
+
+Planning table (``--plan-ranks`` x ``--plan-gbits``): ``beta = 8 / (eta * B)`` for a link of
+``B`` bit/s per rank, ``alpha`` from the fit, ``c`` and the overlap slowdowns
+``c_busy / c``, ``T_busy / T`` measured (or ``--plan-compute-ms``, e.g. a GPU's step time,
+then with perfect overlap). ``eta`` is the link efficiency: on a throttled namespace
+(``--net R``) it is measured, ``eta = 2 * 8 / (b R)`` -- the factor 2 because both ranks' traffic shares the ONE
+``tbf`` qdisc of the loopback, whereas on a real network each rank has its own link;
+``--plan-efficiency`` overrides it (and must be given for ``--net none``, default 0.9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ssdmpi.errors import UserError
+
+
+def fit_alpha_beta(sizes, times) -> tuple:
+    """Least-squares line ``t = a + b * size`` through the points; returns ``(a, b)``.
+
+    ``sizes`` in bytes, ``times`` in seconds; needs at least two distinct sizes.
+    """
+    import numpy as np
+
+    x = np.asarray(sizes, dtype=np.float64)
+    y = np.asarray(times, dtype=np.float64)
+    if x.size < 2 or np.unique(x).size < 2:
+        raise UserError("the alpha-beta fit needs at least two distinct --fit-sizes")
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(a), float(b)
+
+
+def ring_allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) -> float:
+    """``T_N(S) = 2 (N-1) alpha + 2 (N-1)/N * S * beta`` seconds (0 for one rank)."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes * beta
+
+
+def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None,
+                 allreduce_busy: float | None = None) -> float:
+    """Predicted seconds per step of a communication pattern (see the module docstring).
+
+    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period``. ``compute_busy`` /
+    ``allreduce_busy``: a compute step's / the allreduce's seconds while the other runs too
+    (default: unchanged, i.e. perfect overlap). Values faster than alone count as alone.
+    """
+    if kind == "none":
+        return compute
+    if kind == "ssgd":
+        return compute + allreduce
+    if kind == "localsgd":
+        return compute + allreduce / k
+    if kind in ("step", "period"):
+        k = 1 if kind == "step" else k
+        c_busy = max(compute, compute_busy or compute)
+        t_busy = max(allreduce, allreduce_busy or allreduce)
+        work = k * compute
+        if t_busy <= k * c_busy:
+            # the allreduce finishes first, having slowed t_busy of compute to r_c = c/c_busy
+            period = t_busy + work - t_busy * compute / c_busy
+        else:
+            # the compute finishes first (after k c_busy), the allreduce then runs alone
+            period = k * c_busy + allreduce - allreduce * k * c_busy / t_busy
+        return period / k
+    raise ValueError(f"unknown communication pattern {kind!r}")
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A communication pattern measured by a step loop."""
+
+    kind: str
+    k: int = 1
+
+    @property
+    def name(self) -> str:
+        if self.kind in ("none", "ssgd"):
+            return {"none": "compute only", "ssgd": "ssgd"}[self.kind]
+        if self.kind == "step":
+            return "ssd step (odsgd)" if self.k == 1 else f"ssd step k={self.k}"
+        return f"{'ssd period' if self.kind == 'period' else 'localsgd'} k={self.k}"
+
+
+def parse_pattern(spec: str) -> Pattern:
+    """``ssgd`` | ``step`` | ``period:K`` | ``localsgd:K`` -> ``Pattern``."""
+    parts = spec.strip().split(":")
+    try:
+        if parts in (["ssgd"], ["step"], ["none"]):
+            return Pattern(parts[0])
+        if parts[0] in ("period", "localsgd") and len(parts) == 2 and int(parts[1]) >= 1:
+            return Pattern(parts[0], int(parts[1]))
+    except ValueError:
+        pass
+    raise UserError(f"--patterns: {spec!r} is not understood; use ssgd, step, period:K or localsgd:K")
+
+
+def percent_error(predicted, measured):
+    """100 * (predicted - measured) / measured (None if either is missing)."""
+    if predicted is None or not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+
+def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8, 16, 32),
+            plan_gbits=(1, 10, 25, 100), plan_compute_s=None, plan_k: int = 5) -> dict:
+    """Fit on the fit sizes, predict everything else; returns tables as lists of dicts."""
+    ranks = measured["ranks"]
+    times = {int(n): t for n, t in measured["allreduce_s"].items()}
+    a, b = fit_alpha_beta(measured["fit_bytes"], [times[n] for n in measured["fit_bytes"]])
+    # Generalise the N-rank fit: T_N = 2(N-1) alpha + 2(N-1)/N S beta.
+    alpha = a / (2 * (ranks - 1))
+    beta = b / (2 * (ranks - 1) / ranks)
+    predict_T = lambda nbytes: ring_allreduce_time(nbytes, ranks, alpha, beta)   # noqa: E731
+
+    sizes = [{"bytes": n, "fitted": n in measured["fit_bytes"], "measured_s": times[n],
+              "predicted_s": predict_T(n), "error_pct": percent_error(predict_T(n), times[n])}
+             for n in sorted(times)]
+
+    c = measured["step_s"]["compute only"]
+    c_busy = measured.get("compute_busy_s") or c
+    T = predict_T(measured["grad_bytes"])
+    # The overlapped allreduce is measured at the gradient size: keep its ratio to the alone time.
+    T_busy = T * measured["allreduce_busy_s"] / times[measured["grad_bytes"]] \
+        if measured.get("allreduce_busy_s") else T
+    ssgd_measured = measured["step_s"].get("ssgd")
+    ssgd_predicted = predict_step("ssgd", c, T)
+    steps = []
+    for kind, k in measured["patterns"]:
+        name = Pattern(kind, k).name
+        pred = predict_step(kind, c, T, k, c_busy, T_busy)
+        meas = measured["step_s"][name]
+        steps.append({"pattern": name, "kind": kind, "k": k, "measured_s": meas, "predicted_s": pred,
+                      "error_pct": None if kind == "none" else percent_error(pred, meas),
+                      "measured_speedup": ssgd_measured / meas if ssgd_measured else None,
+                      "predicted_speedup": ssgd_predicted / pred})
+
+    if efficiency is None:
+        # Both ranks share the loopback's one tbf qdisc: per-rank link efficiency is twice what
+        # a single shared link would suggest (see the module docstring).
+        efficiency = min(1.0, 2 * 8 / (b * rate_bps)) if rate_bps else 0.9
+    c_plan = c if plan_compute_s is None else plan_compute_s
+    # A measured c keeps its measured interference; a given one (e.g. a GPU's) overlaps perfectly.
+    slowdown = c_busy / c if plan_compute_s is None else 1.0
+    comm_slowdown = T_busy / T if plan_compute_s is None else 1.0
+    plan = []
+    for n in plan_ranks:
+        for gbit in plan_gbits:
+            beta_link = 8 / (efficiency * gbit * 1e9)
+            T_n = ring_allreduce_time(measured["grad_bytes"], n, alpha, beta_link)
+            t_ssgd = predict_step("ssgd", c_plan, T_n)
+            t_ssd = predict_step("period", c_plan, T_n, plan_k, c_plan * slowdown, T_n * comm_slowdown)
+            plan.append({"ranks": n, "gbit": gbit, "allreduce_s": T_n, "ssgd_s": t_ssgd, "ssd_period_s": t_ssd,
+                         "speedup": t_ssgd / t_ssd, "best_k": max(1, int(-(-T_n // c_plan)))})
+    return {"alpha_s": alpha, "beta_s_per_byte": beta, "fit_a_s": a, "fit_b_s_per_byte": b,
+            "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
+            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "allreduce_busy_s": T_busy,
+            "plan_compute_s": c_plan, "plan_k": plan_k,
+            "sizes": sizes, "steps": steps, "plan": plan}
