@@ -40,7 +40,8 @@ def probe_cupy():
                 _cupy_probe = (cupy, f"GPU found: {name} (CuPy {cupy.__version__})")
             except Exception as exc:  # CUDARuntimeError is a RuntimeError; be broad anyway
                 first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                _cupy_probe = (None, f"no GPU (CuPy {cupy.__version__} imported, first allocation failed: {first_line})")
+                _cupy_probe = (None, f"no GPU (CuPy {cupy.__version__} imported, "
+                                     f"first allocation failed: {first_line})")
     return _cupy_probe
 
 

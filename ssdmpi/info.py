@@ -13,8 +13,10 @@ import os
 import platform
 import sys
 
-DEPENDENCIES = ("numpy", "mpi4py", "h5py", "mpich", "cupy-cuda12x", "scikit-learn", "PyYAML", "tqdm", "matplotlib", "torch")
 from ssdmpi.comm.transport import TRANSPORTS, cuda_aware_verdict
+
+DEPENDENCIES = ("numpy", "mpi4py", "h5py", "mpich", "cupy-cuda12x", "scikit-learn", "PyYAML", "tqdm", "matplotlib",
+                "torch")
 
 
 def add_arguments(parser) -> None:
@@ -49,7 +51,7 @@ def collect(device: str = "auto", transport: str = "auto") -> dict:
         "dependencies": {name: _version(name) for name in DEPENDENCIES},
         "mpi": {
             "library": MPI.Get_library_version().strip().splitlines()[0].strip(),
-            "standard": "%d.%d" % MPI.Get_version(),
+            "standard": "{}.{}".format(*MPI.Get_version()),
             "thread_level": levels.get(MPI.Query_thread(), str(MPI.Query_thread())),
             "world_size": comm.Get_size(),
             "processor": MPI.Get_processor_name(),

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from ssdmpi.comm.shm import SHM_DIR, stale_segments  # noqa: E402
+
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"]
 RANKS = (1, 2, 4)
 

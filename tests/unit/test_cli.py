@@ -1,12 +1,13 @@
 """The command line: help, bad input, info, and the abort path."""
 
 import json
+import os
 import subprocess
 import time
 
 import pytest
 
-from tests.conftest import mpiexec, run_cli
+from tests.conftest import ROOT, mpiexec, run_cli
 
 SUBCOMMANDS = ("train", "eval", "bench", "plot", "info", "ckpt", "data")
 
@@ -71,7 +72,7 @@ def test_exception_on_one_rank_aborts_the_whole_job_naming_it(tmp_path):
     start = time.monotonic()
     result = subprocess.run([mpiexec(), "-n", "2", "python", str(script)], capture_output=True, text=True,
                             timeout=60, cwd=str(tmp_path.parent),
-                            env={**__import__("os").environ, "PYTHONPATH": str(__import__("tests.conftest").conftest.ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     elapsed = time.monotonic() - start
     assert result.returncode != 0
     assert elapsed < 20

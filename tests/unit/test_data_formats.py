@@ -253,7 +253,7 @@ def test_write_hdf5_failure_leaves_no_file(tmp_path, monkeypatch):
 
     raw = datasets.load_raw("digits")
     raw.train_labels = None   # makes the write fail half-way
-    with pytest.raises(Exception):
+    with pytest.raises(TypeError):
         hdf5.write_hdf5(str(tmp_path / "x.h5"), raw)
     assert os.listdir(tmp_path) == []
 
