@@ -40,6 +40,7 @@ together at the next synchronisation point.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -138,16 +139,21 @@ def run(args) -> int:
         return finish(job, comm, out, code, reason)
 
 
+@dataclasses.dataclass
 class Job:
-    """What one run trains, built by ``setup`` (the same on every rank but for its shard).
+    """What one run trains, built by ``setup`` (the same on every rank but for its shard)."""
 
-    ``cfg`` (resolved), ``algo_cfg``, ``dataset``, ``model``, ``loader``, ``algo``, ``state``
-    (a ``TrainingState``), ``evaluator``, ``E`` (steps per epoch), ``total_steps``,
-    ``last_checkpoint`` (the newest checkpoint of this run, or the one it resumed from).
-    """
-
-    def __init__(self, **parts):
-        self.__dict__.update(parts)
+    cfg: object              # the resolved TrainConfig
+    algo_cfg: object         # its AlgoConfig (steps, not epochs)
+    dataset: object
+    model: object
+    loader: object
+    algo: object
+    state: object            # a TrainingState over model, algo and loader
+    evaluator: object
+    E: int                   # steps per epoch
+    total_steps: int
+    last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
 
 
 def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
@@ -172,7 +178,7 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
     loader = comm.agree(lambda: ShardedLoader(dataset.train_x, dataset.train_y, cfg.batch_size, comm.rank, size,
                                               seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment,
                                               prefetch=backend.device() == "gpu"))
-    resources.callback(loader.close)
+    resources.enter_context(loader)      # closes its prefetch thread
     E = loader.steps_per_epoch
     total_steps = cfg.total_steps(E)
     algo_cfg = comm.agree(lambda: run_setup.algo_config(cfg, soft, E, total_steps, size))
@@ -186,7 +192,7 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
         "train.total_steps": total_steps, "train.model": cfg.model}))
     return Job(cfg=cfg, algo_cfg=algo_cfg, dataset=dataset, model=model, loader=loader, algo=algo,
                state=TrainingState(model, algo, loader), evaluator=Evaluator(comm, model, algo, dataset),
-               E=E, total_steps=total_steps, last_checkpoint=None)
+               E=E, total_steps=total_steps)
 
 
 def resume(job: Job, comm, ckpt_path: str) -> None:
@@ -483,4 +489,5 @@ def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
     return (f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
             f"batch {cfg.batch_size} per rank, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
-            f"run directory {cfg.run_dir}" + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))
+            f"run directory {cfg.run_dir}"
+            + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))

@@ -1,9 +1,9 @@
 """HDF5 checkpoints of the complete training state: atomic, checksummed, resumable bit-for-bit.
 
 - ``format.py``: what a file holds (layout, state trees <-> HDF5 groups, sha256 checksums),
-  reading, verifying, describing. Serial; no MPI.
+  reading, verifying, describing. Serial (no MPI).
 - ``store.py``: files on disk: names (``ckpt-<step:08d>.h5``), atomic writes, listing,
-  resume selection, retention, compatibility with a job. Serial; no MPI.
+  resume selection, retention, compatibility with a job. Serial (no MPI).
 - ``collective.py``: ``save_collective``/``load_collective``, collective over a
   Communicator: rank 0 writes and reads the one file, one rank's state at a time.
 
