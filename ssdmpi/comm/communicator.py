@@ -196,17 +196,15 @@ class Communicator:
             self.stats.add_exposed(_clock() - start)
 
     # -- control traffic: blocking and collective, on the control duplicate -------------
-    # mpi4py's pickle-based lowercase calls (bcast, allgather, send/recv of a skeleton) are
-    # fine here: they release the GIL inside every MPI call (mpi4py 4.x msgpickle.pxi wraps
-    # each one in ``with nogil``), so the communication and watchdog threads keep running;
-    # tests/mpi/test_comm.py::test_control_calls_in_flight_do_not_freeze_the_communication_thread.
+    # Pickled (lowercase) mpi4py calls are fine here: mpi4py 4.x releases the GIL inside MPI for them
+    # (msgpickle.pxi: ``with nogil: MPI_Allgatherv_c(...)``), see test_control_calls_in_flight_do_not_freeze...
     def barrier(self) -> None:
         """Collective: return once every rank has called it."""
         self._control("Barrier #{seq}", self._ctl.Barrier)
 
     def broadcast_object(self, obj, root: int = 0):
         """Collective: every rank gets ``root``'s ``obj`` (pickled; small objects: settings, errors)."""
-        return self._control("bcast #{seq} (object from rank " + str(root) + ")", self._ctl.bcast, obj, root=root)
+        return self._control(f"bcast #{{seq}} (object from rank {root})", self._ctl.bcast, obj, root=root)
 
     def check_agreement(self, signature: dict) -> None:
         """Collective: every rank must pass an equal ``signature`` dict (flat-buffer length,
