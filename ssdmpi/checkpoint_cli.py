@@ -5,7 +5,8 @@
     ssdmpi ckpt list RUN_DIR             the checkpoints of a run, newest last, with their status
 
 PATH may be a checkpoint file or a run directory (its newest valid checkpoint). Serial;
-no MPI. The file layout is documented in ``ssdmpi/checkpoint.py``.
+no MPI (only ``ssdmpi/checkpoint/format.py`` and ``store.py``). The file layout is documented in
+``ssdmpi/checkpoint/format.py``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Evaluation on a test split, sharded across ranks; and ``ssdmpi eval --checkpoint PATH``.
 
-``evaluate(model, x, y, control, ...)`` is collective over the control communicator: each
+``evaluate(model, x, y, comm, ...)`` is collective over the Communicator ``comm``: each
 rank evaluates its contiguous shard (``ssdmpi.data.evaluation_shard``) in inference mode
-with whatever weights and buffers the model holds, and one allreduce sums the loss, the
-correct count and the sample count, so every rank returns the same ``(loss, accuracy)``
-over the whole split. With one rank (or ``control=None``) it is plain serial evaluation.
+with whatever weights and buffers the model holds, and one scalar allreduce sums the loss,
+the correct count and the sample count, so every rank returns the same ``(loss, accuracy)``
+over the whole split. With one rank (or ``comm=None``) it is plain serial evaluation.
+
+``Evaluator`` is the trainer's: it evaluates the global model ``W`` (and rank 0's local
+model ``L``) with rank 0's BatchNorm statistics, then puts the training state back.
 
 ``ssdmpi eval --checkpoint PATH`` rebuilds the checkpoint's model from its stored config,
 loads the global model ``W`` and rank 0's BatchNorm statistics (``/model`` in the file),
@@ -21,8 +24,8 @@ import sys
 EVAL_BATCH = 1000   # samples per forward pass in evaluation (memory, not semantics)
 
 
-def evaluate(model, x, y, control=None, batch_size: int = EVAL_BATCH) -> tuple[float, float, int]:
-    """``(mean loss, accuracy, samples)`` of the model on ``(x, y)``; collective over ``control``.
+def evaluate(model, x, y, comm=None, batch_size: int = EVAL_BATCH) -> tuple[float, float, int]:
+    """``(mean loss, accuracy, samples)`` of the model on ``(x, y)``; collective over ``comm``.
 
     ``x``: (n, ...) host float array, ``y``: (n,) int labels; every rank passes the whole
     split and evaluates only its shard. Blocking.
@@ -32,7 +35,7 @@ def evaluate(model, x, y, control=None, batch_size: int = EVAL_BATCH) -> tuple[f
     from ssdmpi import backend
     from ssdmpi.data import evaluation_shard
 
-    rank, size = (control.Get_rank(), control.Get_size()) if control is not None else (0, 1)
+    rank, size = (comm.rank, comm.size) if comm is not None else (0, 1)
     shard = evaluation_shard(len(x), rank, size)
     loss_sum, correct = 0.0, 0
     for start in range(shard.start, shard.stop, batch_size):
@@ -42,15 +45,53 @@ def evaluate(model, x, y, control=None, batch_size: int = EVAL_BATCH) -> tuple[f
         batch_loss, batch_correct = model.evaluate(xb, yb)
         loss_sum += float(batch_loss)
         correct += int(batch_correct)
-    totals = np.array([loss_sum, correct, shard.stop - shard.start], dtype=np.float64)
-    if control is not None and size > 1:
-        from mpi4py import MPI
-
-        control.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
-    n = int(totals[2])
+    totals = {"loss": loss_sum, "correct": float(correct), "n": float(shard.stop - shard.start)}
+    if comm is not None and size > 1:
+        totals = comm.allreduce_scalars(totals, op="sum")
+    n = int(totals["n"])
     if n == 0:
         return float("nan"), float("nan"), 0
-    return float(totals[0] / n), float(totals[1] / n), n
+    return float(np.float64(totals["loss"]) / n), float(np.float64(totals["correct"]) / n), n
+
+
+class Evaluator:
+    """Test-split evaluation of ``W`` (and rank 0's ``L``) without disturbing the training state."""
+
+    def __init__(self, comm, model, algo, dataset):
+        self.comm, self.model, self.algo, self.dataset = comm, model, algo, dataset
+
+    def __call__(self) -> dict:
+        """Collective. ``{"test_acc", "test_loss"[, "test_acc_local", "test_loss_local"]}``."""
+        import numpy as np
+
+        from ssdmpi import backend
+
+        model, algo, comm = self.model, self.algo, self.comm
+        data = (self.dataset.test_x, self.dataset.test_y)
+        own_params = model.params.copy()
+        own_buffers = {k: v.copy() for k, v in model.buffers().items()}
+        L = algo.local_weights()
+        L = None if L is None else (L.copy() if L is not model.params else own_params)   # before params change
+        try:
+            if own_buffers and comm.size > 1:   # rank 0's BN statistics for everyone
+                host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
+                model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
+            W = algo.global_weights()
+            if W is not model.params:
+                model.params[...] = W
+            loss, acc, _ = evaluate(model, *data, comm)
+            out = {"test_acc": acc, "test_loss": loss}
+            if L is not None:
+                host = backend.to_host(L).copy() if comm.rank == 0 else np.empty(L.shape, dtype=L.dtype)
+                comm.broadcast(host, root=0)
+                model.params[...] = backend.to_device(host)
+                loss, acc, _ = evaluate(model, *data, comm)
+                out.update(test_acc_local=acc, test_loss_local=loss)
+        finally:
+            model.params[...] = own_params
+            if own_buffers:
+                model.load_buffers(own_buffers)
+        return out
 
 
 # --- ssdmpi eval ---------------------------------------------------------------------------
@@ -67,37 +108,50 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    import numpy as np
-    from mpi4py import MPI
+    """``ssdmpi eval``: rank 0 reads the checkpoint, every rank evaluates its shard."""
+    from ssdmpi import backend
+    from ssdmpi.comm import world
+    from ssdmpi.comm.communicator import Communicator
+    from ssdmpi.errors import UserError
 
-    from ssdmpi import backend, checkpoint
-    from ssdmpi.comm.agreement import on_root
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
+    backend.select(args.device)
+    model, dataset = _restore_model(args, path, meta.get("config", {}), shared)
+    with Communicator(progress="blocking", stall_timeout=None) as comm:
+        loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size)
+        if comm.rank == 0:
+            _report(args, path, meta, dataset, (loss, acc, n))
+    return 0
+
+
+def _read_checkpoint(args):
+    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate."""
+    from ssdmpi import checkpoint
+    from ssdmpi.errors import UserError
+
+    path = checkpoint.resolve_path(args.checkpoint)
+    meta = checkpoint.read_meta(path)
+    shared = checkpoint.read_shared(path, "model")
+    if args.local:
+        algo = checkpoint.read_rank_state(path, 0).get("algo", {})
+        if algo.get("L") is None:
+            raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
+                            "drop --local")
+        shared["global_weights"] = algo["L"]
+    return path, meta, shared
+
+
+def _restore_model(args, path: str, cfg: dict, shared: dict):
+    """The checkpoint's model with the weights and buffers to evaluate, and the dataset."""
+    import numpy as np
+
+    from ssdmpi import backend
     from ssdmpi.data import load_dataset
     from ssdmpi.errors import UserError
     from ssdmpi.nn import build_model
 
-    world = MPI.COMM_WORLD
-    rank = world.Get_rank()
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be a positive integer, got {args.batch_size}")
-
-    # Rank 0 reads the file; everyone gets the same answer (or the same error).
-    def read():
-        path = checkpoint.resolve_path(args.checkpoint)
-        meta = checkpoint.read_meta(path)
-        shared = checkpoint.read_shared(path, "model")
-        if args.local:
-            algo = checkpoint.read_rank_state(path, 0).get("algo", {})
-            if algo.get("L") is None:
-                raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
-                                "drop --local")
-            shared["global_weights"] = algo["L"]
-        return path, meta, shared
-
-    path, meta, shared = on_root(world, read)
-    cfg = meta.get("config", {})
-
-    backend.select(args.device)
     dataset_name = args.dataset or cfg.get("dataset")
     data_path = args.data_path if args.dataset or args.data_path else cfg.get("data_path")
     dataset = load_dataset(dataset_name, data_path)
@@ -111,16 +165,18 @@ def run(args) -> int:
     model.params[...] = backend.to_device(weights)
     if shared.get("buffers"):
         model.load_buffers({k: backend.to_device(v) for k, v in shared["buffers"].items()})
-    loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, world, args.batch_size)
-    if rank == 0:
-        which = "local model L of rank 0" if args.local else "global model W"
-        report = {"checkpoint": path, "model": cfg["model"], "dataset": dataset.name, "which": which,
-                  "step": meta.get("step"), "epoch": meta.get("epoch"), "stage": meta.get("stage"),
-                  "test_acc": acc, "test_loss": loss, "samples": n}
-        if args.json:
-            print(json.dumps(report))
-        else:
-            print(f"{path}: {which} at step {meta.get('step')} (epoch {meta.get('epoch'):.2f}): "
-                  f"test accuracy {acc:.2%}, loss {loss:.4f} on {n} samples of {dataset.name}")
-        sys.stdout.flush()
-    return 0
+    return model, dataset
+
+
+def _report(args, path: str, meta: dict, dataset, result) -> None:
+    loss, acc, n = result
+    which = "local model L of rank 0" if args.local else "global model W"
+    report = {"checkpoint": path, "model": meta.get("config", {})["model"], "dataset": dataset.name, "which": which,
+              "step": meta.get("step"), "epoch": meta.get("epoch"), "stage": meta.get("stage"),
+              "test_acc": acc, "test_loss": loss, "samples": n}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{path}: {which} at step {meta.get('step')} (epoch {meta.get('epoch'):.2f}): "
+              f"test accuracy {acc:.2%}, loss {loss:.4f} on {n} samples of {dataset.name}")
+    sys.stdout.flush()

@@ -11,14 +11,15 @@ run appends to the same file). Two kinds of record:
     checkpoints), train_s (the same counting training steps only), loss (mean training loss),
     lr, lr_local, samples_per_s (all ranks), step_s (wall seconds per step),
     compute_s / inflight_s / wait_s (per step, mean over ranks: computing, an allreduce
-    in flight, blocked waiting for one), wait_max_s (the slowest rank's), bytes_sent
-    (per step per rank), overlap (fraction of in-flight time hidden behind compute)
+    in flight, blocked waiting for one), bytes_sent (per step per rank), overlap (fraction
+    of in-flight time hidden behind compute); built by ``ssdmpi.train.step_record``
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
     step, epoch, stage, time, train_s, test_acc, test_loss (the global model W), and in the delay
     stage test_acc_local, test_loss_local (rank 0's local model L)
 
-Other kinds: ``start`` (run start or resume: world size, config), ``checkpoint`` (path,
-reason), ``stop`` (why the run stopped early). ``ssdmpi plot`` reads these files.
+Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
+steps, config), ``checkpoint`` (path, reason), ``stop`` (why the run stopped early, its
+exit code and, unless it diverged, the checkpoint to resume from). ``ssdmpi plot`` reads these files.
 ``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
 """
 

@@ -1,14 +1,17 @@
 """``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD or local SGD.
 
-Reads top to bottom like nanoGPT's train.py: configuration, setup (backend,
-communicator, data, model, algorithm, resume), the loop, the final evaluation and the
-summary. Every rank runs this same code; rank 0 alone talks to the user and writes files.
+Reads top to bottom like nanoGPT's train.py: ``run`` resolves the configuration
+(``ssdmpi/run_setup.py``), sets up (backend, communicator, data, model, algorithm, resume)
+with every resource in one ``ExitStack``, runs the loop (``train``, one page) and ends
+(``finish``: final checkpoint, evaluation, summary). Every rank runs this same code; rank 0
+alone talks to the user and writes files (``Reporter``). The state a checkpoint holds is
+``ssdmpi/training_state.py``'s; evaluation is ``ssdmpi/evaluate.py``'s.
 
 Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``)::
 
     config.yaml      the resolved configuration (feed it back with --config)
     metrics.jsonl    one JSON object per logged step and per evaluation (ssdmpi/metrics.py)
-    checkpoints/     ckpt-<step>.h5, the newest --keep-checkpoints of them (ssdmpi/checkpoint.py)
+    checkpoints/     ckpt-<step>.h5, the newest --keep-checkpoints of them (ssdmpi/checkpoint/)
     summary.txt      the human summary, also printed at the end; summary.json for scripts
 
 When things happen (``t`` = iterations done, ``E`` = steps per epoch):
@@ -36,6 +39,8 @@ together at the next synchronisation point.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -43,7 +48,7 @@ import sys
 import time
 
 from ssdmpi.config import add_arguments as _add_config_arguments
-from ssdmpi.errors import REQUEUE_EXIT, UserError
+from ssdmpi.errors import REQUEUE_EXIT
 
 DIVERGED_EXIT = 3
 INTERRUPT_EXIT = 130
@@ -66,19 +71,23 @@ def add_arguments(parser) -> None:
 
 
 class Stop:
-    """The signal flags: handlers set them, the loop reads them at synchronisation points."""
+    """The signal flags: handlers set them, the loop reads them at synchronisation points.
+
+    A context manager: entering installs the handlers, leaving restores the previous ones.
+    """
 
     def __init__(self):
         self.preempt = 0      # SIGUSR1 / SIGTERM seen: checkpoint, exit 85
         self.interrupt = 0    # SIGINT seen: checkpoint, exit 130
         self.previous = {}
 
-    def install(self) -> None:
+    def __enter__(self) -> Stop:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             try:
                 self.previous[sig] = signal.signal(sig, self._handler)
             except (ValueError, OSError):   # not the main thread, or no such signal here
                 pass
+        return self
 
     def _handler(self, signum, frame):
         if signum == signal.SIGINT:
@@ -88,7 +97,7 @@ class Stop:
         else:
             self.preempt = 1
 
-    def restore(self) -> None:
+    def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
@@ -99,164 +108,184 @@ def _say(rank: int, text: str, file=None) -> None:
         print(text, file=file or sys.stdout, flush=True)
 
 
-def _agree(comm, fn):
-    """Run ``fn()`` on every rank; if it raised a ``UserError`` anywhere, raise it everywhere."""
-    result, exc = None, None
-    try:
-        result = fn()
-    except UserError as e:
-        exc = e
-    comm.agree_error(exc)
-    return result
+# --- ssdmpi train ------------------------------------------------------------------------------
+
+def run(args) -> int:
+    """``ssdmpi train``. Every resource (signal handlers, communicator, loader, metrics files)
+    is entered into one ExitStack, which frees it on every exit path. The signal handlers go
+    in first, so that a preemption signal arriving during setup is acted on at the first
+    synchronisation point instead of killing the rank."""
+    from ssdmpi import backend, run_setup
+    from ssdmpi.comm import world
+    from ssdmpi.comm.communicator import Communicator
+
+    with contextlib.ExitStack() as resources:
+        stop = resources.enter_context(Stop())
+        # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and
+        #    resolves; every rank gets the same TrainConfig.
+        _, size = world.rank_and_size()
+        cfg, soft, ckpt_path, ckpt_meta = world.on_root(lambda: run_setup.configure(args, size))
+        # 2. Setup: backend, communicator, data, model, algorithm, loader; every rank checks
+        #    that all agree. Resume: rank 0 reads the checkpoint and sends every rank its state.
+        xp = world.agree(lambda: backend.select(cfg.device))
+        comm = resources.enter_context(Communicator(progress=cfg.progress, transport=cfg.transport,
+                                                    stall_timeout=cfg.stall_timeout))
+        job = setup(cfg, soft, ckpt_meta, comm, xp, resources)
+        if ckpt_path is not None:
+            resume(job, comm, ckpt_path)
+        out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
+        # 3. The loop, then 4. the end.
+        code, reason = train(job, comm, out, stop)
+        return finish(job, comm, out, code, reason)
 
 
-# --- run directory (rank 0) --------------------------------------------------------------------
+@dataclasses.dataclass
+class Job:
+    """What one run trains, built by ``setup`` (the same on every rank but for its shard)."""
 
-def _prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> None:
-    """Create ``run_dir`` and ``checkpoints/``; refuse to start a fresh run over an old one.
+    cfg: object              # the resolved TrainConfig
+    algo_cfg: object         # its AlgoConfig (steps, not epochs)
+    dataset: object
+    model: object
+    loader: object
+    algo: object
+    state: object            # a TrainingState over model, algo and loader
+    evaluator: object
+    E: int                   # steps per epoch
+    total_steps: int
+    last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
 
-    ``auto`` (``--resume auto`` found no checkpoint): a ``metrics.jsonl`` left by an attempt
-    that died before its first checkpoint is moved aside, not appended to.
-    """
+
+def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
+    """Collective: build the run's objects (model seeded, rank 0's weights broadcast); a
+    ``UserError`` on any rank is raised on every rank; the loader is closed by ``resources``."""
+    import numpy as np
+
+    from ssdmpi import backend, run_setup
+    from ssdmpi import config as configuration
+    from ssdmpi.algos import build_algorithm
+    from ssdmpi.data import ShardedLoader, load_dataset
+    from ssdmpi.evaluate import Evaluator
+    from ssdmpi.nn import build_model
+    from ssdmpi.training_state import TrainingState
+
+    size = comm.size
+    dataset = comm.agree(lambda: load_dataset(cfg.dataset, cfg.data_path))
+    options = {"widths": tuple(cfg.widths)} if cfg.widths else {}
+    model = comm.agree(lambda: build_model(cfg.model, dataset.input_shape, dataset.num_classes, xp=xp,
+                                           dtype=np.dtype(cfg.dtype), seed=cfg.seed, **options))
+    comm.broadcast(model.params, root=0)
+    loader = comm.agree(lambda: ShardedLoader(dataset.train_x, dataset.train_y, cfg.batch_size, comm.rank, size,
+                                              seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment,
+                                              prefetch=backend.device() == "gpu"))
+    resources.enter_context(loader)      # closes its prefetch thread
+    E = loader.steps_per_epoch
+    total_steps = cfg.total_steps(E)
+    algo_cfg = comm.agree(lambda: run_setup.algo_config(cfg, soft, E, total_steps, size))
+    cfg = run_setup.resolved_config(cfg, algo_cfg)
+    if ckpt_meta is not None:
+        comm.agree(lambda: configuration.check_resume(ckpt_meta.get("config", {}), cfg))
+    algo = comm.agree(lambda: build_algorithm(algo_cfg, model, comm))
+    comm.check_agreement(dict(algo.signature(), **{
+        "train.dataset": dataset.name, "train.samples": len(dataset.train_x), "train.test_samples": len(dataset.test_x),
+        "train.batch_size": cfg.batch_size, "train.seed": cfg.seed, "train.steps_per_epoch": E,
+        "train.total_steps": total_steps, "train.model": cfg.model}))
+    return Job(cfg=cfg, algo_cfg=algo_cfg, dataset=dataset, model=model, loader=loader, algo=algo,
+               state=TrainingState(model, algo, loader), evaluator=Evaluator(comm, model, algo, dataset),
+               E=E, total_steps=total_steps)
+
+
+def resume(job: Job, comm, ckpt_path: str) -> None:
+    """Collective: every rank's state from the checkpoint rank 0 verified."""
     from ssdmpi import checkpoint
 
-    try:
-        os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-        probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.unlink(probe)
-    except OSError as exc:
-        raise UserError(f"cannot use run directory {run_dir}: {exc.strerror or exc}; "
-                        "choose a writable one with --run-dir") from None
-    if not resuming:
-        old = checkpoint.list_checkpoints(os.path.join(run_dir, "checkpoints"))
-        metrics = os.path.join(run_dir, "metrics.jsonl")
-        if auto and not old and os.path.exists(metrics):
-            os.replace(metrics, f"{metrics}.{time.strftime('%Y%m%d-%H%M%S')}.old")
-        elif old or os.path.exists(metrics):
-            raise UserError(f"run directory {run_dir} already holds a run; continue it with --resume auto "
-                            "or choose another --run-dir")
+    meta, tree, _ = checkpoint.load_collective(comm, ckpt_path)
+    comm.agree(lambda: checkpoint.check_compatible(meta, comm.size, job.cfg.model, int(job.model.params.size)))
+    comm.agree(lambda: job.state.load_state_dict(tree))
+    job.state.check_consistent(ckpt_path)
+    job.last_checkpoint = ckpt_path
 
 
-def _trim_metrics(path: str, step: int) -> None:
-    """Drop records of steps after ``step`` (logged before a crash, redone after resuming)."""
-    import json
+# --- the loop ----------------------------------------------------------------------------------
 
-    from ssdmpi.metrics import atomic_write
+def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
+    """Collective: train until the last step or an early stop; return ``(exit code, why it
+    stopped early)``, ``(0, None)`` when every step ran. Each iteration: this rank's batch, one
+    algorithm step. At sync points the ranks sum their interval metrics and agree on signals
+    and divergence; checkpoints and evaluations happen there too."""
+    import numpy as np
 
-    if not os.path.exists(path):
-        return
-    kept = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue   # a line cut short by the crash
-            if record.get("step") is None or record["step"] <= step:
-                kept.append(line if line.endswith("\n") else line + "\n")
-    atomic_write(path, "".join(kept))
+    from ssdmpi import backend
+
+    cfg, model, algo, loader, state = job.cfg, job.model, job.algo, job.loader, job.state
+    state.start_clock()
+    comm.stats.reset()
+    interval = Interval()
+    with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
+        while state.step < job.total_steps:
+            xb, yb = loader.next_batch()
+            if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
+                xb = xb.astype(model.dtype)
+            loss = algo.step(backend.to_device(xb), backend.to_device(yb))
+            state.step += 1
+            interval.add(float(loss))
+            out.progress.advance(state.step)
+            due = Due(cfg, state.step, job.E, job.total_steps)
+            if not due.sync:
+                continue
+
+            # -- synchronisation point: metrics, signals and divergence agreed by all ranks at once
+            sums = interval.reduce(comm, stop)
+            log_interval(job, comm, out, sums, interval.steps)
+            code, reason = stop_verdict(sums, due.planned_stop, cfg.stop_at_step, state.step)
+            if code == DIVERGED_EXIT:       # a non-finite loss: stop at once, keep the last good checkpoint
+                return code, reason
+            if due.checkpoint or reason:
+                if comm.any_true(not _finite(algo.xp, algo.global_weights(), algo.local_weights())):
+                    return DIVERGED_EXIT, f"diverged: non-finite weights at step {state.step}"
+                save(job, comm, out, "signal" if reason else "epoch" if due.epoch_end else "periodic")
+            if reason:
+                return code, reason
+            if due.evaluate:
+                state.last_eval = evaluate_now(job, out)
+            interval.reset()   # after the checkpoint and evaluation: their time is not step time
+    return 0, None
 
 
-# --- the pieces of one run ---------------------------------------------------------------------
+class Due:
+    """What is due after step ``step``: is it a synchronisation point, and what happens there.
 
-def _algo_config(cfg, soft: set, steps_per_epoch: int, total_steps: int, world_size: int):
-    """The ``AlgoConfig`` of ``cfg`` (epochs converted to steps), resolved.
-
-    Algorithm settings that came from a preset (``soft``) and do not apply to the chosen
-    algorithm are dropped (``--preset cifar10-resnet20 --algo ssgd`` is fine); the user's
-    own inapplicable settings are errors.
+    Sync points: every ``--log-every`` steps, at checkpoints, at ``--stop-at-step`` and at the
+    last step. Checkpoints: each epoch's end and every ``--checkpoint-every`` steps.
+    Evaluation: every ``--eval-every`` epochs (the last one is ``finish``'s).
     """
-    from ssdmpi.algos import AlgoConfig
-    from ssdmpi.config import parse_schedule
 
-    def schedule(spec, unit_steps):
-        kind, options = parse_schedule(spec)
-        out = {"kind": kind}
-        if kind == "step":
-            out.update(every=max(1, round(options["every"] * unit_steps)), gamma=options["gamma"])
-        elif kind == "multistep":
-            out.update(milestones=[round(m * unit_steps) for m in options["milestones"]], gamma=options["gamma"])
-        elif kind == "poly":
-            out["power"] = options["power"]
-        return out
+    __slots__ = ("epoch_end", "checkpoint", "planned_stop", "sync", "evaluate")
 
-    values = dict(
-        algo=cfg.algo, delay=cfg.delay, warmup_steps=cfg.warmup_iterations(steps_per_epoch),
-        comm=cfg.comm, period_rule=cfg.period_rule, local_update=cfg.local_update, lr=cfg.lr,
-        lr_schedule=schedule(cfg.lr_schedule, steps_per_epoch),
-        lr_warmup_steps=int(round(cfg.lr_warmup_epochs * steps_per_epoch)), total_steps=total_steps,
-        local_lr=cfg.local_lr,
-        local_lr_schedule=None if cfg.local_lr_schedule is None else schedule(cfg.local_lr_schedule, steps_per_epoch),
-        momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor)
-    droppable = [k for k in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
-                             "glu_divisor") if k in soft]
-    try:
-        return AlgoConfig(**values).validate(world_size)
-    except UserError:
-        if not droppable:
-            raise
-    for key in droppable:
-        values[key] = None
-        try:
-            return AlgoConfig(**values).validate(world_size)
-        except UserError:
-            continue
-    return AlgoConfig(**values).validate(world_size)   # raises the error about the user's own settings
+    def __init__(self, cfg, step: int, E: int, total_steps: int):
+        self.epoch_end = step % E == 0
+        self.checkpoint = bool(self.epoch_end or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
+        self.planned_stop = cfg.stop_at_step is not None and step == cfg.stop_at_step
+        self.sync = step % cfg.log_every == 0 or self.checkpoint or self.planned_stop or step == total_steps
+        self.evaluate = bool(self.epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0
+                             and step < total_steps)
 
 
-def _resolved(cfg, algo_cfg):
-    """``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
-    import dataclasses
+def stop_verdict(sums: dict, planned_stop: bool, stop_at_step, step: int) -> tuple[int, str | None]:
+    """``(exit code, reason)`` to stop with at this sync point, or ``(0, None)`` to go on."""
+    if sums["bad"] > 0:
+        return DIVERGED_EXIT, f"diverged: non-finite training loss by step {step}"
+    if sums["preempt"] > 0 or sums["interrupt"] > 0 or planned_stop:
+        # a preemption signal anywhere wins over Ctrl-C: the job should be requeued
+        code = INTERRUPT_EXIT if sums["interrupt"] > 0 and not sums["preempt"] else REQUEUE_EXIT
+        reason = ("SIGUSR1/SIGTERM" if sums["preempt"] > 0 else
+                  "Ctrl-C (SIGINT)" if sums["interrupt"] > 0 else f"--stop-at-step {stop_at_step}")
+        return code, reason
+    return 0, None
 
-    out = dataclasses.replace(cfg)
-    for key in ("delay", "comm", "period_rule", "local_update", "glu_divisor"):
-        setattr(out, key, getattr(algo_cfg, key))
-    if out.warmup_epochs is None:
-        out.warmup_steps = int(algo_cfg.warmup_steps)
-    return out
 
-
-class Evaluator:
-    """Test-split evaluation of ``W`` (and rank 0's ``L``) without disturbing the training state."""
-
-    def __init__(self, comm, model, algo, dataset):
-        self.comm, self.model, self.algo, self.dataset = comm, model, algo, dataset
-
-    def __call__(self) -> dict:
-        """Collective. ``{"test_acc", "test_loss"[, "test_acc_local", "test_loss_local"]}``."""
-        import numpy as np
-
-        from ssdmpi import backend
-        from ssdmpi.evaluate import evaluate
-
-        model, algo, control = self.model, self.algo, self.comm.control
-        data = (self.dataset.test_x, self.dataset.test_y)
-        own_params = model.params.copy()
-        own_buffers = {k: v.copy() for k, v in model.buffers().items()}
-        L = algo.local_weights()
-        L = None if L is None else (L.copy() if L is not model.params else own_params)   # before params change
-        try:
-            if own_buffers and self.comm.size > 1:   # rank 0's BN statistics for everyone
-                host = control.bcast({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
-                model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
-            W = algo.global_weights()
-            if W is not model.params:
-                model.params[...] = W
-            loss, acc, _ = evaluate(model, *data, control)
-            out = {"test_acc": acc, "test_loss": loss}
-            if L is not None:
-                host = backend.to_host(L).copy() if self.comm.rank == 0 else np.empty(L.shape, dtype=L.dtype)
-                control.Bcast(host, root=0)
-                model.params[...] = backend.to_device(host)
-                loss, acc, _ = evaluate(model, *data, control)
-                out.update(test_acc_local=acc, test_loss_local=loss)
-        finally:
-            model.params[...] = own_params
-            if own_buffers:
-                model.load_buffers(own_buffers)
-        return out
+def _finite(xp, *arrays) -> bool:
+    return all(a is None or bool(xp.isfinite(a).all()) for a in arrays)
 
 
 class Interval:
@@ -275,7 +304,7 @@ class Interval:
         else:
             self.bad += 1
 
-    def reduce(self, comm, stop: "Stop") -> dict:
+    def reduce(self, comm, stop: Stop) -> dict:
         """Collective: sums over ranks of the interval's numbers, the signal flags and the
         communication stats (one allreduce of a few float64 over the control communicator)."""
         c = comm.stats.snapshot_and_reset()
@@ -304,295 +333,161 @@ def step_record(sums: dict, global_batch: int) -> dict:
             "overlap": min(1.0, max(0.0, 1 - sums["wait_s"] / sums["inflight_s"])) if sums["inflight_s"] > 0 else 0.0}
 
 
-def _finite(xp, *arrays) -> bool:
-    return all(a is None or bool(xp.isfinite(a).all()) for a in arrays)
+def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
+    """Record the interval just reduced (``steps`` of this rank's): the ``step`` metrics record,
+    the running totals, the display."""
+    algo, state, step, E = job.algo, job.state, job.state.step, job.E
+    record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage, "time": state.time_s(),
+              "lr": algo.lr_global, "lr_local": algo.lr_local, **step_record(sums, job.cfg.batch_size * comm.size)}
+    for key in ("compute_s", "inflight_s", "wait_s", "bytes_sent"):
+        state.totals[key] += record[key] * steps
+    state.totals["steps"] += steps
+    state.totals["wall"] += sums["my_wall"]
+    record["train_s"] = state.train_s()
+    out.write(record)
+    out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
+                               "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
+                               "acc": state.last_eval.get("test_acc")})
 
 
-# --- ssdmpi train ------------------------------------------------------------------------------
+def save(job: Job, comm, out: Reporter, reason: str) -> str:
+    """Collective: drain, then write every rank's state into one checkpoint file; return its path."""
+    from ssdmpi import __version__, checkpoint
 
-def run(args) -> int:
-    """``ssdmpi train``. Signal handlers go in first, so that a preemption signal arriving during
-    setup is acted on at the first synchronisation point instead of killing the rank."""
-    stop = Stop()
-    stop.install()
-    try:
-        return _train(args, stop)
-    finally:
-        stop.restore()
+    cfg, algo, state, E = job.cfg, job.algo, job.state, job.E
+    algo.drain()
+    tree = state.state_dict()
+    shared = state.shared(tree) if comm.rank == 0 else None
+    meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
+            "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
+            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc")}
+    path = checkpoint.save_collective(comm, os.path.join(cfg.run_dir, "checkpoints"), state.step, meta, tree, shared,
+                                      keep=cfg.keep_checkpoints)
+    out.write({"kind": "checkpoint", "step": state.step, "epoch": state.step / E, "path": path, "reason": reason})
+    job.last_checkpoint = path
+    return path
 
 
-def _train(args, stop: "Stop") -> int:
-    import numpy as np
-    from mpi4py import MPI
+def evaluate_now(job: Job, out: Reporter) -> dict:
+    """Collective: drain, evaluate on the test split, log and show the result; return it."""
+    job.algo.drain()
+    result = job.evaluator()
+    step, E, state = job.state.step, job.E, job.state
+    out.write({"kind": "eval", "step": step, "epoch": step / E, "stage": job.algo.stage, "time": state.time_s(),
+               "train_s": state.train_s(), **result})
+    text = f"eval  step {step}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  loss {result['test_loss']:.4f}"
+    if "test_acc_local" in result:
+        text += f"  (rank 0's local model: {result['test_acc_local']:.2%})"
+    out.message(text)
+    return result
 
-    from ssdmpi import __version__, backend, checkpoint
-    from ssdmpi import config as configuration
-    from ssdmpi.comm.agreement import on_root
-    from ssdmpi.comm.communicator import Communicator
-    from ssdmpi.metrics import MetricsLog, Progress, launcher_on_terminal, write_summary
 
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+# --- the end -----------------------------------------------------------------------------------
 
-    # -------------------------------------------------------------------------------------
-    # 1. Configuration. Rank 0 reads the files (config, the checkpoint to resume) and
-    #    resolves; every rank gets the same TrainConfig.
-    # -------------------------------------------------------------------------------------
-    def configure():
-        resume, ckpt_path, ckpt_meta = getattr(args, "resume", None), None, None
-        if resume == "auto":
-            if not args.run_dir:
-                raise UserError("--resume auto needs --run-dir (the directory whose checkpoints to continue)")
-            ckpt_path = checkpoint.select_resume(os.path.join(args.run_dir, "checkpoints"),
-                                                 warn=lambda m: print(m, file=sys.stderr, flush=True))
-        elif resume:
-            ckpt_path = checkpoint.resolve_path(resume)
-        if ckpt_path is not None:
-            ckpt_meta = checkpoint.read_meta(ckpt_path)
-            checkpoint.check_compatible(ckpt_meta, size, ckpt_meta.get("model"))
-        cfg = configuration.resolve(args, None if ckpt_meta is None else ckpt_meta.get("config"))
-        if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
-            if ckpt_path is not None and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
-                cfg.run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
-            elif cfg.run_dir is None:
-                cfg.run_dir = configuration.default_run_dir(cfg)
-        soft = configuration.soft_settings(args, ckpt_meta is not None)
-        _prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
-        return cfg, soft, ckpt_path, ckpt_meta
-
-    cfg, soft, ckpt_path, ckpt_meta = on_root(world, configure)
-
-    # -------------------------------------------------------------------------------------
-    # 2. Setup: backend, communicator, data, model (seeded; rank 0's weights broadcast),
-    #    algorithm, loader; every rank checks that all agree.
-    # -------------------------------------------------------------------------------------
-    if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
-        cfg.widths = None      # the preset's mlp widths; this model has its own shape
-    xp = _agree_world(world, lambda: backend.select(cfg.device))
-    comm = Communicator(progress=cfg.progress, transport=cfg.transport, stall_timeout=cfg.stall_timeout)
-    from ssdmpi.algos import build_algorithm
-    from ssdmpi.data import ShardedLoader, load_dataset
-    from ssdmpi.nn import build_model
-
-    dataset = _agree(comm, lambda: load_dataset(cfg.dataset, cfg.data_path))
-    options = {"widths": tuple(cfg.widths)} if cfg.widths else {}
-    model = _agree(comm, lambda: build_model(cfg.model, dataset.input_shape, dataset.num_classes, xp=xp,
-                                             dtype=np.dtype(cfg.dtype), seed=cfg.seed, **options))
-    comm.broadcast(model.params, root=0)
-    loader = _agree(comm, lambda: ShardedLoader(dataset.train_x, dataset.train_y, cfg.batch_size, rank, size,
-                                                seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment,
-                                                prefetch=backend.device() == "gpu"))
-    E = loader.steps_per_epoch
-    total_steps = cfg.total_steps(E)
-    algo_cfg = _agree(comm, lambda: _algo_config(cfg, soft, E, total_steps, size))
-    cfg = _resolved(cfg, algo_cfg)
-    if ckpt_meta is not None:
-        _agree(comm, lambda: configuration.check_resume(ckpt_meta.get("config", {}), cfg))
-    algo = _agree(comm, lambda: build_algorithm(algo_cfg, model, comm))
-    comm.check_agreement(dict(algo.signature(), **{
-        "train.dataset": dataset.name, "train.samples": len(dataset.train_x), "train.test_samples": len(dataset.test_x),
-        "train.batch_size": cfg.batch_size, "train.seed": cfg.seed, "train.steps_per_epoch": E,
-        "train.total_steps": total_steps, "train.model": cfg.model}))
-    evaluator = Evaluator(comm, model, algo, dataset)
-
-    # Resume: rank 0 reads the checkpoint and sends every rank its own state.
-    step, elapsed, train_s0, last_eval, ckpt_written = 0, 0.0, 0.0, {}, ckpt_path
-    if ckpt_path is not None:
-        meta, state, _ = checkpoint.load_collective(comm.control, ckpt_path)
-        _agree(comm, lambda: checkpoint.check_compatible(meta, size, cfg.model, int(model.params.size)))
-        _agree(comm, lambda: algo.load_state_dict(state["algo"]))
-        if state.get("model", {}).get("buffers"):
-            model.load_buffers({k: backend.to_device(v) for k, v in state["model"]["buffers"].items()})
-        _agree(comm, lambda: loader.load_state_dict(state["loader"]))
-        trainer_state = state.get("trainer", {})
-        step, elapsed = int(trainer_state.get("step", algo.t)), float(trainer_state.get("elapsed", 0.0))
-        train_s0 = float(trainer_state.get("train_s", 0.0))
-        last_eval = dict(trainer_state.get("last_eval") or {})
-        if step != algo.t or step != loader.iteration:
-            raise UserError(f"{ckpt_path} is inconsistent: trainer step {step}, algorithm t {algo.t}, "
-                            f"loader position {loader.iteration}", collective=True)
-
-    # Rank 0: the run directory's files, and the display.
-    log = None
-    if rank == 0:
-        metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
-        if ckpt_path is not None:
-            _trim_metrics(metrics_path, step)
-        from ssdmpi.metrics import atomic_write
-
-        atomic_write(os.path.join(cfg.run_dir, "config.yaml"), cfg.to_yaml())
-        log = MetricsLog(metrics_path)
-        log.write({"kind": "start", "step": step, "time": elapsed, "world_size": size, "resumed_from": ckpt_path,
-                   "version": __version__, "backend": backend.reason(), "progress": comm.strategy,
-                   "steps_per_epoch": E, "total_steps": total_steps, "num_params": int(model.params.size),
-                   "config": cfg.to_dict()})
-    show_bar = cfg.progress_bar and (sys.stderr.isatty() or launcher_on_terminal())
-    progress = Progress(total_steps, initial=step, enabled=rank == 0, bar=show_bar)
-    what = (f"{cfg.algo}" + (f" (k={algo_cfg.delay}, comm {algo_cfg.comm}, warm-up {algo_cfg.warmup_steps} steps)"
-                             if cfg.algo in ("ssd", "odsgd") else f" (k={algo_cfg.delay})" if cfg.algo == "localsgd"
-                             else ""))
-    progress.message(f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
-                     f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
-                     f"batch {cfg.batch_size} per rank, {total_steps} steps ({E} per epoch), {backend.device()}, "
-                     f"run directory {cfg.run_dir}"
-                     + (f"; resumed from {ckpt_path} at step {step}" if ckpt_path else ""))
-    if ckpt_meta is not None:
-        changes = configuration.changed_settings(ckpt_meta.get("config", {}), cfg)
-        if changes:
-            progress.message("settings changed since the checkpoint: " + ", ".join(changes))
-
-    def save(reason: str) -> str:
-        """Drain, then write every rank's state into one checkpoint file (collective)."""
-        algo.drain()
-        state = {"algo": algo.state_dict(),
-                 "model": {"params": backend.to_host(model.params).copy(),
-                           "buffers": {k: backend.to_host(v).copy() for k, v in model.buffers().items()}},
-                 "loader": loader.state_dict(),
-                 "trainer": {"step": step, "elapsed": elapsed + (time.monotonic() - t_start),
-                             "train_s": train_s0 + totals["wall"],
-                             "last_eval": last_eval}}
-        shared = None
-        if rank == 0:
-            shared = {"model": {"global_weights": backend.to_host(algo.global_weights()).copy(),
-                                "buffers": state["model"]["buffers"]}}
-        meta = {"epoch": step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(model.params.size),
-                "dataset": dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
-                "ssdmpi_version": __version__, "test_acc": last_eval.get("test_acc")}
-        path = checkpoint.save_collective(comm.control, os.path.join(cfg.run_dir, "checkpoints"), step, meta,
-                                          state, shared, keep=cfg.keep_checkpoints)
-        if log is not None:
-            log.write({"kind": "checkpoint", "step": step, "epoch": step / E, "path": path, "reason": reason})
-        return path
-
-    def evaluate_now() -> dict:
-        algo.drain()
-        result = evaluator()
-        record = {"kind": "eval", "step": step, "epoch": step / E, "stage": algo.stage,
-                  "time": elapsed + (time.monotonic() - t_start), "train_s": train_s0 + totals["wall"], **result}
-        if log is not None:
-            log.write(record)
-        text = f"eval  step {step}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  loss {result['test_loss']:.4f}"
-        if "test_acc_local" in result:
-            text += f"  (rank 0's local model: {result['test_acc_local']:.2%})"
-        progress.message(text)
-        return result
-
-    # -------------------------------------------------------------------------------------
-    # 3. The loop. Each iteration: this rank's batch, one algorithm step. At sync points the
-    #    ranks sum their interval metrics and agree on signals and divergence.
-    # -------------------------------------------------------------------------------------
-    t_start = time.monotonic()
-    comm.stats.reset()
-    interval = Interval()
-    totals = {"steps": 0, "wall": 0.0, "compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
-    exit_code, stop_reason = 0, None
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
-            while step < total_steps:
-                xb, yb = loader.next_batch()
-                if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
-                    xb = xb.astype(model.dtype)
-                loss = algo.step(backend.to_device(xb), backend.to_device(yb))
-                step += 1
-                interval.add(float(loss))
-                progress.advance(step)
-
-                epoch_end = step % E == 0
-                checkpoint_due = epoch_end or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                planned_stop = cfg.stop_at_step is not None and step == cfg.stop_at_step
-                if not (step % cfg.log_every == 0 or checkpoint_due or planned_stop or step == total_steps):
-                    continue
-
-                # -- synchronisation point: metrics, signals and divergence agreed by all ranks at once
-                sums = interval.reduce(comm, stop)
-                record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage,
-                          "time": elapsed + (time.monotonic() - t_start), "lr": algo.lr_global,
-                          "lr_local": algo.lr_local, **step_record(sums, cfg.batch_size * size)}
-                for key in ("compute_s", "inflight_s", "wait_s", "bytes_sent"):
-                    totals[key] += record[key] * interval.steps
-                totals["steps"] += interval.steps
-                totals["wall"] += sums["my_wall"]
-                record["train_s"] = train_s0 + totals["wall"]
-                if log is not None:
-                    log.write(record)
-                progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
-                                       "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
-                                       "acc": last_eval.get("test_acc")})
-
-                if sums["bad"] > 0:        # divergence: stop at once, keep the last good checkpoint
-                    stop_reason, exit_code = f"diverged: non-finite training loss by step {step}", DIVERGED_EXIT
-                    break
-                if sums["preempt"] > 0 or sums["interrupt"] > 0 or planned_stop:
-                    # a preemption signal anywhere wins over Ctrl-C: the job should be requeued
-                    exit_code = INTERRUPT_EXIT if sums["interrupt"] > 0 and not sums["preempt"] else REQUEUE_EXIT
-                    stop_reason = ("SIGUSR1/SIGTERM" if sums["preempt"] > 0 else
-                                   "Ctrl-C (SIGINT)" if sums["interrupt"] > 0 else f"--stop-at-step {cfg.stop_at_step}")
-                if checkpoint_due or stop_reason:
-                    if comm.any_true(not _finite(algo.xp, algo.global_weights(), algo.local_weights())):
-                        stop_reason, exit_code = f"diverged: non-finite weights at step {step}", DIVERGED_EXIT
-                        break
-                    ckpt_written = save("signal" if stop_reason else "epoch" if epoch_end else "periodic")
-                if stop_reason:
-                    break
-                if epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0 and step < total_steps:
-                    last_eval = evaluate_now()
-                interval.reset()   # after the checkpoint and evaluation: their time is not step time
-    finally:
-        progress.close()
-
-    run_time = elapsed + (time.monotonic() - t_start)
-    if exit_code == DIVERGED_EXIT:
-        if log is not None:
-            log.write({"kind": "stop", "step": step, "reason": stop_reason, "exit_code": exit_code})
-            log.close()
-        where = f"the last good checkpoint is {ckpt_written}" if ckpt_written else "no checkpoint was written"
-        _say(rank, f"ssdmpi: error: training {stop_reason}; {where}. Lower --lr, lengthen the warm-up "
-                   "or check the data", file=sys.stderr)
-        comm.free()
-        return exit_code
-    if stop_reason:
-        if log is not None:
-            log.write({"kind": "stop", "step": step, "reason": stop_reason, "exit_code": exit_code,
-                       "checkpoint": ckpt_written})
-            log.close()
-        _say(rank, f"ssdmpi train: stopped at step {step} ({stop_reason}); checkpoint {ckpt_written}. "
-                   f"Continue with: ssdmpi train --run-dir {cfg.run_dir} --resume auto "
-                   f"(exit code {exit_code})")
-        comm.free()
-        return exit_code
-
-    # -------------------------------------------------------------------------------------
-    # 4. The end: every communicated gradient into W, final checkpoint, evaluation, summary.
-    # -------------------------------------------------------------------------------------
-    algo.finalize()
-    ckpt_written = save("final")
-    last_eval = evaluate_now()
-    if rank == 0:
-        steps = max(1, totals["steps"])
-        summary = {"status": "done", "algo": cfg.algo, "world_size": size, "model": cfg.model,
-                   "num_params": int(model.params.size), "dataset": dataset.name, "step": step, "epoch": step / E,
-                   "time": run_time, "stage": algo.stage,
-                   "samples_per_s": totals["steps"] * cfg.batch_size * size / totals["wall"] if totals["wall"] else 0.0,
-                   **last_eval,
-                   **({k: totals[k] / steps for k in ("compute_s", "inflight_s", "wait_s", "bytes_sent")}
-                      if totals["steps"] else {}),
-                   "checkpoint": ckpt_written, "run_dir": cfg.run_dir, "config": cfg.to_dict()}
-        text, _ = write_summary(cfg.run_dir, summary)
-        log.close()
-        print(text, flush=True)
-    comm.free()
+def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
+    """Collective: after an early stop, say why and how to continue; after the last step,
+    every communicated gradient into W, the final checkpoint, evaluation and summary."""
+    run_time = job.state.time_s()
+    out.progress.close()
+    if code == DIVERGED_EXIT:
+        out.write({"kind": "stop", "step": job.state.step, "reason": reason, "exit_code": code})
+        where = (f"the last good checkpoint is {job.last_checkpoint}" if job.last_checkpoint
+                 else "no checkpoint was written")
+        _say(comm.rank, f"ssdmpi: error: training {reason}; {where}. Lower --lr, lengthen the warm-up "
+                        "or check the data", file=sys.stderr)
+        return code
+    if reason:
+        out.write({"kind": "stop", "step": job.state.step, "reason": reason, "exit_code": code,
+                   "checkpoint": job.last_checkpoint})
+        _say(comm.rank, f"ssdmpi train: stopped at step {job.state.step} ({reason}); checkpoint "
+                        f"{job.last_checkpoint}. Continue with: ssdmpi train --run-dir {job.cfg.run_dir} "
+                        f"--resume auto (exit code {code})")
+        return code
+    job.algo.finalize()
+    save(job, comm, out, "final")
+    job.state.last_eval = evaluate_now(job, out)
+    if comm.rank == 0:
+        _summary(job, comm.size, run_time)
     return 0
 
 
-def _agree_world(world, fn):
-    """Like ``_agree`` before the Communicator exists (plain COMM_WORLD)."""
-    result, message = None, None
-    try:
-        result = fn()
-    except UserError as exc:
-        message = str(exc)
-    messages = world.allgather(message)
-    for r, m in enumerate(messages):
-        if m is not None:
-            raise UserError(m if r == 0 else f"rank {r}: {m}", collective=True)
-    return result
+def _summary(job: Job, size: int, run_time: float) -> None:
+    """Rank 0: write summary.txt/.json and print the summary."""
+    from ssdmpi.metrics import write_summary
+
+    cfg, state = job.cfg, job.state
+    totals, steps = state.totals, max(1, state.totals["steps"])
+    summary = {"status": "done", "algo": cfg.algo, "world_size": size, "model": cfg.model,
+               "num_params": int(job.model.params.size), "dataset": job.dataset.name, "step": state.step,
+               "epoch": state.step / job.E, "time": run_time, "stage": job.algo.stage,
+               "samples_per_s": totals["steps"] * cfg.batch_size * size / totals["wall"] if totals["wall"] else 0.0,
+               **state.last_eval,
+               **({k: totals[k] / steps for k in ("compute_s", "inflight_s", "wait_s", "bytes_sent")}
+                  if totals["steps"] else {}),
+               "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "config": cfg.to_dict()}
+    text, _ = write_summary(cfg.run_dir, summary)
+    print(text, flush=True)
+
+
+# --- what rank 0 tells the user ------------------------------------------------------------------
+
+class Reporter:
+    """Rank 0's side of a run: ``config.yaml``, ``metrics.jsonl`` (``write``), the progress
+    display (``progress``, ``message``). Other ranks get a silent one. A context manager:
+    leaving closes the display and the metrics file."""
+
+    def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
+        from ssdmpi import __version__, backend, run_setup
+        from ssdmpi.metrics import MetricsLog, Progress, atomic_write, launcher_on_terminal
+
+        cfg, step = job.cfg, job.state.step
+        self.log = None
+        if comm.rank == 0:
+            metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
+            if ckpt_path is not None:
+                run_setup.trim_metrics(metrics_path, step)
+            atomic_write(os.path.join(cfg.run_dir, "config.yaml"), cfg.to_yaml())
+            self.log = MetricsLog(metrics_path)
+            self.log.write({"kind": "start", "step": step, "time": job.state.elapsed0, "world_size": comm.size,
+                            "resumed_from": ckpt_path, "version": __version__, "backend": backend.reason(),
+                            "progress": comm.strategy, "steps_per_epoch": job.E, "total_steps": job.total_steps,
+                            "num_params": int(job.model.params.size), "config": cfg.to_dict()})
+        show_bar = cfg.progress_bar and (sys.stderr.isatty() or launcher_on_terminal())
+        self.progress = Progress(job.total_steps, initial=step, enabled=comm.rank == 0, bar=show_bar)
+        self.message(_intro(job, comm.size, ckpt_path))
+        if ckpt_meta is not None:
+            from ssdmpi.config import changed_settings
+
+            changes = changed_settings(ckpt_meta.get("config", {}), cfg)
+            if changes:
+                self.message("settings changed since the checkpoint: " + ", ".join(changes))
+
+    def write(self, record: dict) -> None:
+        if self.log is not None:
+            self.log.write(record)
+
+    def message(self, text: str) -> None:
+        self.progress.message(text)
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.close()
+        if self.log is not None:
+            self.log.close()
+
+
+def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
+    """The line that opens a run: what trains on what, where."""
+    from ssdmpi import backend
+
+    cfg, algo_cfg, model, dataset = job.cfg, job.algo_cfg, job.model, job.dataset
+    what = (f"{cfg.algo}" + (f" (k={algo_cfg.delay}, comm {algo_cfg.comm}, warm-up {algo_cfg.warmup_steps} steps)"
+                             if cfg.algo in ("ssd", "odsgd") else f" (k={algo_cfg.delay})" if cfg.algo == "localsgd"
+                             else ""))
+    return (f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
+            f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
+            f"batch {cfg.batch_size} per rank, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
+            f"run directory {cfg.run_dir}"
+            + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))

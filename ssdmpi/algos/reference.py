@@ -273,36 +273,3 @@ def simulate(config, model_factory, batches, steps: int, world_size: int | None 
         if callback is not None and callback(sim):
             break
     return sim
-
-
-class ArrayBatches:
-    """A minimal batch source with the sharded loader's policy (for tests and sweeps without ssdmpi.data).
-
-    Epoch ``e`` uses ``perm_e = default_rng([seed, e]).permutation(n)``; global step ``i`` of
-    the epoch uses ``perm_e[i*N*B:(i+1)*N*B]`` and rank ``r`` takes its ``r``-th slice of ``B``;
-    an epoch has ``n // (N*B)`` steps (the remainder is dropped).
-    """
-
-    def __init__(self, x, y, batch_size: int, rank: int, world_size: int, seed: int = 0):
-        self.x, self.y, self.B, self.r, self.N, self.seed = x, y, int(batch_size), int(rank), int(world_size), seed
-        self.steps_per_epoch = len(x) // (self.B * self.N)
-        if self.steps_per_epoch < 1:
-            raise ValueError("dataset smaller than one global batch")
-        self.step = 0
-        self._perm_epoch, self._perm = None, None
-
-    def next_batch(self):
-        e, i = divmod(self.step, self.steps_per_epoch)
-        if e != self._perm_epoch:
-            self._perm_epoch, self._perm = e, np.random.default_rng([self.seed, e]).permutation(len(self.x))
-        perm = self._perm
-        start = i * self.N * self.B + self.r * self.B
-        idx = perm[start:start + self.B]
-        self.step += 1
-        return self.x[idx], self.y[idx]
-
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, d) -> None:
-        self.step = int(d["step"])

@@ -1,14 +1,19 @@
-"""The MPI layer: the only package that calls MPI for gradients and weights.
+"""The MPI layer: the only package that calls MPI (besides ``ssdmpi info`` and the raw
+mpi4py baseline of ``ssdmpi bench comm``).
 
 - ``communicator.py``: ``Communicator`` (allreduce of flat buffers, nonblocking handles,
-  broadcast, control-traffic helpers) — the contract the layers above code against.
+  broadcast, the control calls: barrier, object broadcast, agreement, scalar reductions,
+  state-tree gather/scatter) — the contract the layers above code against.
+- ``world.py``: COMM_WORLD before a Communicator exists (rank 0 reads the configuration,
+  every rank agrees on set-up errors).
+- ``trees.py``: how a state tree travels (a pickled skeleton, raw array buffers).
 - ``progress.py``: progress strategies (``test``, ``thread``, ``blocking``) and the measured
   default per backend.
 - ``transport.py``: how GPU buffers reach MPI (``host`` staging, ``cuda-aware``).
 - ``stats.py``: per-interval timings (``snapshot_and_reset()`` keys).
 - ``watchdog.py``: the stall watchdog (names the operation and the missing ranks, aborts).
 - ``agreement.py``: comparing setup signatures and errors across ranks (pure functions).
-- ``options.py``: the ``--progress/--transport/--bucket-size/--stall-timeout`` flags.
+- ``options.py``: reading sizes such as ``4M`` (``parse_size``, used by ``bench comm``).
 - ``abort.py``: a failing rank aborts the whole job instead of hanging it.
 
 See ``docs/ARCHITECTURE.md``. Import MPI lazily (``from mpi4py import MPI`` inside

@@ -1,14 +1,10 @@
-"""Helpers for cross-rank agreement: compare gathered signatures, pick the error to report,
-run set-up work on rank 0 alone.
+"""Helpers for cross-rank agreement: compare gathered signatures, pick the error to report.
 
-The comparison helpers are free of MPI so they can be tested serially; the Communicator
-gathers the inputs on its control communicator and raises the collective ``UserError``
-these helpers describe. ``on_root`` takes any mpi4py communicator.
+Free of MPI so they can be tested serially; the Communicator gathers the inputs on its
+control communicator and raises the collective ``UserError`` these helpers describe.
 """
 
 from __future__ import annotations
-
-from ssdmpi.errors import UserError
 
 _MISSING = object()
 
@@ -53,22 +49,3 @@ def first_error(messages: list) -> str | None:
         return message
     more = f" (and {len(failed) - 1} other rank(s) failed too)" if len(failed) > 1 else ""
     return f"rank {rank}: {message}{more}"
-
-
-def on_root(world, fn):
-    """Collective: run ``fn()`` on rank 0 of ``world`` and return its result on every rank.
-
-    A ``UserError`` raised there is raised on every rank as a collective one (rank 0 alone
-    reports it; nobody waits forever for a rank that failed). Used for set-up work that
-    reads files (configs, checkpoints) once instead of on every rank.
-    """
-    result = error = None
-    if world.Get_rank() == 0:
-        try:
-            result = fn()
-        except UserError as exc:
-            error = str(exc)
-    result, error = world.bcast((result, error), root=0)
-    if error:
-        raise UserError(error, collective=True)
-    return result

@@ -1,15 +1,16 @@
 """The Communicator: averaged allreduce of flat buffers over mpi4py buffer calls.
 
-Contract (the layers above code against it):
+Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` touches MPI):
 
 - ``Communicator(comm=None, progress="auto", transport="auto", bucket_bytes=None,
-  stall_timeout=300.0)`` duplicates ``comm`` (default COMM_WORLD; a third duplicate is the
-  stall watchdog's, ``stall_timeout=None`` or 0 disables it): ``.comm`` carries
-  gradient/weight traffic, ``.control`` carries metrics and agreement, so control traffic never
-  interleaves with an outstanding request. Collective: every rank constructs it together,
-  with the same settings. ``.rank``, ``.size``, ``.strategy`` (the resolved progress
-  strategy; ``auto`` picks by ``backend.device()``, so select the backend first), ``.stats``
-  (a ``CommStats``; see ``ssdmpi/comm/stats.py`` for its keys), ``settings()`` (a dict).
+  stall_timeout=300.0)`` duplicates ``comm`` (an mpi4py communicator, default COMM_WORLD)
+  three times, privately: one carries gradient/weight traffic, one control traffic
+  (metrics, agreement, checkpoints), so control traffic never interleaves with an
+  outstanding request, and one is the stall watchdog's (``stall_timeout=None`` or 0
+  disables it). Collective: every rank constructs it together, with the same settings.
+  ``.rank``, ``.size``, ``.strategy`` (the resolved progress strategy; ``auto`` picks by
+  ``backend.device()``, so select the backend first), ``.stats`` (a ``CommStats``; see
+  ``ssdmpi/comm/stats.py`` for its keys), ``settings()`` (a dict).
 - A *flat buffer* is a C-contiguous array (NumPy, or a device array exposing
   ``__cuda_array_interface__`` such as CuPy's); it is reduced as one 1-D vector, in place.
 - ``allreduce_start(buf, average=True) -> AllreduceHandle``: nonblocking. The caller must not
@@ -22,13 +23,16 @@ Contract (the layers above code against it):
 - ``allreduce(buf, average=True)`` / ``allreduce_mean(buf)`` and ``broadcast(buf, root=0)``:
   blocking, in place. They first finish any outstanding requests (which keeps every rank's
   operations in the same order), then run in the caller's thread.
-- Control helpers on ``.control`` (blocking, collective): ``check_agreement(signature)``,
-  ``agree_error(exc)``, ``any_true(flag)``, ``allreduce_scalars(values, op)``,
-  ``gather_metrics(metrics, root)``. They use buffer calls only: mpi4py's pickle-based
-  lowercase collectives hold the GIL while blocked, which would freeze the communication
-  thread (a deadlock with bucketed requests) and the stall watchdog.
+- Control calls (blocking, collective, on the control duplicate): ``barrier()``,
+  ``broadcast_object(obj, root)``, ``check_agreement(signature)``, ``agree_error(exc)``,
+  ``agree(fn)``, ``any_true(flag)``, ``allreduce_scalars(values, op)``, and the state-tree
+  transport of checkpoints: ``gather_trees(tree, root)`` / ``scatter_trees(tree_of, root)``
+  (one rank's tree at a time on the root).
 - ``free()``: collective; finishes outstanding requests, stops helper threads, frees the
-  duplicated communicators.
+  duplicated communicators. ``with Communicator(...) as comm:`` calls it on a normal exit
+  (on an exception it only stops the threads: the other ranks may not be there to free).
+- Before a Communicator exists (reading the configuration, choosing the backend), use
+  ``ssdmpi/comm/world.py``.
 
 Results are bitwise identical on every rank: MPI's builtin SUM gives every rank the same
 bytes (each element is reduced once, or by commutative pairs, and then distributed), buckets
@@ -54,9 +58,11 @@ from ssdmpi.comm.agreement import first_error, signature_mismatch
 from ssdmpi.comm.progress import PROGRESS, CommThread, default_progress
 from ssdmpi.comm.stats import CommStats
 from ssdmpi.comm.transport import Transport
+from ssdmpi.comm.trees import recv_tree, send_tree
 from ssdmpi.errors import UserError
 
 _clock = time.perf_counter
+TREE_TAG = 7301   # point-to-point tag of state trees on the control communicator
 
 
 def format_bytes(n: int) -> str:
@@ -107,7 +113,7 @@ class AllreduceHandle:
 
 
 class Communicator:
-    """Gradient/weight traffic (``comm``) and control traffic (``control``) on separate duplicates.
+    """Gradient/weight traffic and control traffic on separate private duplicates.
 
     Args (see the module contract): ``progress``: ``auto|test|thread|blocking``;
     ``transport``: ``auto|cuda-aware|host`` (device buffers only); ``bucket_bytes``: None
@@ -132,12 +138,12 @@ class Communicator:
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise UserError(f"bucket size must be a positive number of bytes, got {bucket_bytes!r}")
         self.transport = Transport(transport, synchronize)   # validates before any collective call
-        self.MPI = MPI
+        self._MPI = MPI
         base = comm if comm is not None else MPI.COMM_WORLD
-        self.comm = base.Dup()
-        self.control = base.Dup()
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self._comm = base.Dup()
+        self._ctl = base.Dup()
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
         self.strategy = strategy
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         self.stall_timeout = stall_timeout
@@ -175,7 +181,7 @@ class Communicator:
         seq = self._next_seq()
         work = self.transport.to_mpi(buf)
         self._watched(f"Bcast #{seq} of {format_bytes(buf.nbytes)} from rank {root}", seq,
-                      self.comm.Bcast, work, root=root)
+                      self._comm.Bcast, work, root=root)
         self.transport.from_mpi(buf, work)
         return buf
 
@@ -189,13 +195,22 @@ class Communicator:
             # Data moves inside these calls, on the caller's time: count it as exposed.
             self.stats.add_exposed(_clock() - start)
 
-    # -- control traffic ----------------------------------------------------------------
+    # -- control traffic: blocking and collective, on the control duplicate -------------
+    # Pickled (lowercase) mpi4py calls are fine here: mpi4py 4.x releases the GIL inside MPI for them
+    # (msgpickle.pxi: ``with nogil: MPI_Allgatherv_c(...)``), see test_control_calls_in_flight_do_not_freeze...
+    def barrier(self) -> None:
+        """Collective: return once every rank has called it."""
+        self._control("Barrier #{seq}", self._ctl.Barrier)
+
+    def broadcast_object(self, obj, root: int = 0):
+        """Collective: every rank gets ``root``'s ``obj`` (pickled; small objects: settings, errors)."""
+        return self._control(f"bcast #{{seq}} (object from rank {root})", self._ctl.bcast, obj, root=root)
+
     def check_agreement(self, signature: dict) -> None:
         """Collective: every rank must pass an equal ``signature`` dict (flat-buffer length,
         dtype, algorithm settings, ...). On a mismatch every rank raises the same collective
         ``UserError`` naming the ranks that differ from rank 0 and the differing keys."""
-        signatures = self._control("allgather #{seq} (setup signature check)", self._allgather_objects,
-                                   dict(signature))
+        signatures = self._control("allgather #{seq} (setup signature check)", self._ctl.allgather, dict(signature))
         message = signature_mismatch(signatures)
         if message:
             raise UserError(message, collective=True)
@@ -207,17 +222,28 @@ class Communicator:
         if exc is not None:
             text = str(exc).strip()
             mine = text.splitlines()[0] if text else type(exc).__name__
-        message = first_error(self._control("allgather #{seq} (setup error agreement)", self._allgather_objects, mine))
+        message = first_error(self._control("allgather #{seq} (setup error agreement)", self._ctl.allgather, mine))
         if message is not None:
             raise UserError(message, collective=True) from exc
+
+    def agree(self, fn):
+        """Collective: run ``fn()`` on every rank and return its result; if it raised a
+        ``UserError`` on any rank, every rank raises the same collective one (``agree_error``)."""
+        result, exc = None, None
+        try:
+            result = fn()
+        except UserError as e:
+            exc = e
+        self.agree_error(exc)
+        return result
 
     def any_true(self, flag: bool) -> bool:
         """Collective: True on every rank when ``flag`` is true on any rank (e.g. a signal arrived)."""
         import numpy as np
 
         data = np.array([1 if flag else 0], dtype=np.int32)
-        self._control("Allreduce #{seq} (any_true)", self.control.Allreduce, self.MPI.IN_PLACE, data,
-                      op=self.MPI.MAX)
+        self._control("Allreduce #{seq} (any_true)", self._ctl.Allreduce, self._MPI.IN_PLACE, data,
+                      op=self._MPI.MAX)
         return bool(data[0])
 
     def allreduce_scalars(self, values: dict, op: str = "sum") -> dict:
@@ -225,48 +251,56 @@ class Communicator:
         Every rank must pass the same keys. ``op``: ``sum``, ``max`` or ``min``."""
         import numpy as np
 
-        ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN}
+        ops = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}
         if op not in ops:
             raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
         keys = sorted(values)
         data = np.array([float(values[k]) for k in keys], dtype=np.float64)
-        self._control("Allreduce #{seq} (scalars)", self.control.Allreduce, self.MPI.IN_PLACE, data, op=ops[op])
+        self._control("Allreduce #{seq} (scalars)", self._ctl.Allreduce, self._MPI.IN_PLACE, data, op=ops[op])
         return {k: float(v) for k, v in zip(keys, data)}
 
-    def gather_metrics(self, metrics: dict, root: int = 0):
-        """Collective: ``root`` gets the list of every rank's ``metrics`` (by rank); others get None."""
-        return self._control("gather #{seq} (metrics)", self._gather_objects, metrics, root)
+    def gather_trees(self, tree, root: int = 0):
+        """Collective: every rank's state ``tree`` (nested dicts/lists of arrays and plain values;
+        see ``ssdmpi/comm/trees.py``) on ``root``.
 
-    # mpi4py's pickle-based collectives (lowercase ``allgather``...) hold the GIL while they
-    # block, which would freeze the communication and watchdog threads; these send the pickles
-    # with buffer calls, which release it.
-    def _allgather_objects(self, obj) -> list:
-        return self._gather_objects(obj, None)
-
-    def _gather_objects(self, obj, root):
-        """Every rank's ``obj`` by rank, on ``root`` (None elsewhere), or on every rank if root is None."""
-        import pickle
-
-        import numpy as np
-
-        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-        sizes = np.zeros(self.size, dtype=np.int64)
-        mine = np.array([data.size], dtype=np.int64)
-        if root is None:
-            self.control.Allgather(mine, sizes)
-        else:
-            self.control.Gather(mine, sizes, root=root)
-        if root is not None and self.rank != root:
-            self.control.Gatherv(data, None, root=root)
+        On ``root``: an iterator of ``(rank, tree)`` in rank order (``root``'s own ``tree`` as
+        is, the others as NumPy arrays); each tree is received only when the iterator reaches
+        it, so ``root`` holds its own and one other rank's tree at a time. The caller must
+        exhaust the iterator (even after an error of its own), or the senders block forever.
+        Elsewhere: sends ``tree`` to ``root`` (blocking until received) and returns None.
+        """
+        seq = self._next_seq()
+        if self.rank != root:
+            self._watched(f"control send #{seq} (state tree to rank {root})", seq,
+                          send_tree, self._ctl, tree, root, TREE_TAG)
             return None
-        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        everything = np.empty(int(sizes.sum()), dtype=np.uint8)
-        spec = [everything, (sizes, offsets), self.MPI.BYTE]
-        if root is None:
-            self.control.Allgatherv(data, spec)
-        else:
-            self.control.Gatherv(data, spec, root=root)
-        return [pickle.loads(everything[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+        return self._received_trees(tree, root, seq)
+
+    def _received_trees(self, mine, root: int, seq: int):
+        for r in range(self.size):
+            if r == root:
+                yield r, mine
+            else:
+                yield r, self._watched(f"control recv #{seq} (state tree from rank {r})", seq,
+                                       recv_tree, self._ctl, r, TREE_TAG)
+
+    def scatter_trees(self, tree_of=None, root: int = 0):
+        """Collective: every rank gets its own state tree from ``root``; returns it.
+
+        On ``root``, ``tree_of(rank)`` makes rank ``rank``'s tree (e.g. reads it from a file):
+        it is called for the other ranks in rank order, each tree sent before the next is
+        made, and last for ``root`` itself, so ``root`` holds one rank's tree at a time.
+        ``tree_of`` is not used elsewhere. Arrays arrive as NumPy arrays.
+        """
+        seq = self._next_seq()
+        if self.rank != root:
+            return self._watched(f"control recv #{seq} (state tree from rank {root})", seq,
+                                 recv_tree, self._ctl, root, TREE_TAG)
+        for r in range(self.size):
+            if r != root:
+                self._watched(f"control send #{seq} (state tree to rank {r})", seq,
+                              send_tree, self._ctl, tree_of(r), r, TREE_TAG)
+        return tree_of(root)
 
     def settings(self) -> dict:
         """The resolved settings, for logs and for ``check_agreement`` signatures."""
@@ -279,9 +313,20 @@ class Communicator:
         self._drain()
         self._stop_threads()
         atexit.unregister(self._stop_threads)
-        for c in (self.comm, self.control, self._spare):
-            if c is not None and c != self.MPI.COMM_NULL:
+        for c in (self._comm, self._ctl, self._spare):
+            if c is not None and c != self._MPI.COMM_NULL:
                 c.Free()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """``free()`` on a normal exit. On an exception only the helper threads stop (a local
+        act): ``free()`` is collective and the other ranks may not be there to join it."""
+        if exc_type is None:
+            self.free()
+        else:
+            self._stop_threads()
 
     def _stop_threads(self) -> None:
         if self._thread is not None:
@@ -339,8 +384,8 @@ class Communicator:
             self._watched(handle, seq, self._reduce_buckets, handle, divide_here)
             handle._t_complete = _clock()
         elif strategy == "test":
-            op, in_place = self.MPI.SUM, self.MPI.IN_PLACE
-            handle._requests = [self.comm.Iallreduce(in_place, b, op=op) for b in buckets]
+            op, in_place = self._MPI.SUM, self._MPI.IN_PLACE
+            handle._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in buckets]
         else:
             handle._event = threading.Event()
             self._thread.submit(lambda: self._thread_job(handle, divide_here))
@@ -349,7 +394,7 @@ class Communicator:
         return handle
 
     def _reduce_buckets(self, handle, divide_here: bool) -> None:
-        op, in_place, allreduce = self.MPI.SUM, self.MPI.IN_PLACE, self.comm.Allreduce
+        op, in_place, allreduce = self._MPI.SUM, self._MPI.IN_PLACE, self._comm.Allreduce
         for b in handle._buckets:
             allreduce(in_place, b, op=op)
             if divide_here:
@@ -368,7 +413,7 @@ class Communicator:
 
     def _test(self, handle) -> bool:
         if handle._requests is not None:
-            if not self.MPI.Request.Testall(handle._requests):
+            if not self._MPI.Request.Testall(handle._requests):
                 return False
             handle._t_complete = _clock()
             return True
@@ -381,7 +426,7 @@ class Communicator:
         t_wait = _clock()
         if handle._t_complete is None or handle._event is not None:
             if handle._requests is not None:
-                self._watched(handle, handle.seq, self.MPI.Request.Waitall, handle._requests)
+                self._watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)
                 handle._t_complete = _clock()
             elif handle._event is not None and not handle._event.is_set():
                 self._watched(handle, handle.seq, handle._event.wait)

@@ -21,13 +21,9 @@ from mpi4py import MPI
 from ssdmpi.algos import AlgoConfig, build_algorithm
 from ssdmpi.algos.reference import Simulation
 from ssdmpi.comm.communicator import Communicator
+from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.errors import UserError
 from ssdmpi.nn import MODELS, build_model
-
-try:
-    from ssdmpi.data import ShardedLoader as Loader
-except (ImportError, AttributeError):  # before the data package lands
-    from ssdmpi.algos.reference import ArrayBatches as Loader
 
 B = 4                 # per-rank batch
 FEATURES, CLASSES = 10, 3
@@ -114,7 +110,7 @@ def test_reference_match(communicator, settings):
             assert_same(algo.local_weights(), sim.L[rank], exact, f"L[{rank}] at t={t}")
         else:
             assert algo.local_weights() is None
-        hashes = communicator.control.allgather(w_hash(algo.global_weights()))
+        hashes = MPI.COMM_WORLD.allgather(w_hash(algo.global_weights()))
         assert len(set(hashes)) == 1, f"replicas of W differ at t={t}"
     algo.finalize()
     sim.finalize()
@@ -185,7 +181,7 @@ def test_ssgd_equals_single_process_sgd_with_global_batch(communicator, model_na
     tol = 1e-12 if dtype == np.float64 else 2e-5
     diff = np.abs(algo.global_weights() - expected).max()
     assert diff <= tol * max(1.0, np.abs(expected).max()), f"max |diff| {diff:.3g}"
-    assert len(set(communicator.control.allgather(w_hash(algo.global_weights())))) == 1
+    assert len(set(MPI.COMM_WORLD.allgather(w_hash(algo.global_weights())))) == 1
 
 
 def hdf5_round_trip(state: dict) -> dict:

@@ -11,16 +11,16 @@ import pytest
 from mpi4py import MPI
 
 from ssdmpi.algos import AlgoConfig, build_algorithm
-from ssdmpi.algos.reference import ArrayBatches
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.nn import build_model
+from tests.fakes import ArrayBatches
 
 
 class Recording:
     """Forwards to a Communicator; ``log`` gets ``(kind, iteration, request id, buffer)``."""
 
     def __init__(self, comm):
-        self.inner, self.size, self.rank, self.control = comm, comm.size, comm.rank, comm.control
+        self.inner, self.size, self.rank = comm, comm.size, comm.rank
         self.log, self.t, self._next = [], 0, 0
 
     def allreduce_mean(self, buf):

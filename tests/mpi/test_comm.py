@@ -43,13 +43,14 @@ def make_comm(request, comm):
 
 
 def same_bytes_everywhere(comm, array) -> bool:
+    """``comm``: the test's raw mpi4py communicator (tests may call MPI; the package may not)."""
     digests = comm.allgather(hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest())
     return len(set(digests)) == 1
 
 
 @pytest.mark.parametrize("n", [1, 1000, 100_003])
 @pytest.mark.parametrize("bucket_bytes", [None, 4096, 1 << 24])
-def test_mean_matches_numpy_and_is_bitwise_equal_on_every_rank(make_comm, n, bucket_bytes):
+def test_mean_matches_numpy_and_is_bitwise_equal_on_every_rank(make_comm, comm, n, bucket_bytes):
     c = make_comm(bucket_bytes=bucket_bytes)
     buf = rank_data(c.rank, n)
     handle = c.allreduce_start(buf)
@@ -57,7 +58,7 @@ def test_mean_matches_numpy_and_is_bitwise_equal_on_every_rank(make_comm, n, buc
     out = handle.wait()
     assert out is buf and buf.dtype == np.float32
     np.testing.assert_allclose(buf, reference_mean(c.size, n), rtol=1e-5, atol=1e-6)
-    assert same_bytes_everywhere(c.comm, buf)
+    assert same_bytes_everywhere(comm, buf)
 
 
 def test_sum_of_integers_is_exact(make_comm):
@@ -94,7 +95,7 @@ def test_a_started_request_can_be_waited_after_other_work(make_comm):
     assert h1.test() and h2.test()
 
 
-def test_request_does_not_complete_before_every_rank_posted(make_comm):
+def test_request_does_not_complete_before_every_rank_posted(make_comm, comm):
     c = make_comm()
     if c.size == 1 or c.strategy == "blocking":
         pytest.skip("needs a second rank that posts late, and a nonblocking start")
@@ -104,12 +105,12 @@ def test_request_does_not_complete_before_every_rank_posted(make_comm):
         time.sleep(0.2)                   # rank 1 has not posted yet (it waits for our go)
         c.progress()
         early = handle.test()
-        c.control.send("go", dest=1)
+        comm.send("go", dest=1)
         handle.wait()
         assert not early
     else:
         if c.rank == 1:
-            c.control.recv(source=0)
+            comm.recv(source=0)
         c.allreduce_start(buf).wait()
     np.testing.assert_allclose(buf, reference_mean(c.size, 1000), rtol=1e-5, atol=1e-6)
 
@@ -136,9 +137,10 @@ def test_thread_strategy_completes_without_the_caller(comm):
         handle.wait()
         np.testing.assert_allclose(buf, reference_mean(c.size, 1 << 20), rtol=1e-5, atol=1e-6)
         stats = c.stats.snapshot_and_reset()
-        assert stats["allreduce_count"] == 1
-        if c.size > 1:                    # one rank has nothing to hide
-            assert stats["overlap"] > 0.5, stats
+        assert stats["allreduce_count"] == 1 and stats["bytes_sent"] == buf.nbytes
+        # How much of it was hidden is ``bench comm``'s measurement, not a test: a timed
+        # bound flaked under load. What must hold is above: it completed with no MPI call
+        # from the caller, and it is right.
     finally:
         c.free()
 
@@ -170,7 +172,7 @@ def test_stats_count_bytes_and_reset(make_comm):
     assert 0.0 <= snap["overlap"] <= 1.0 and snap["inflight_s"] > 0 and snap["wait_s"] > 0
     assert c.stats.snapshot()["allreduce_count"] == 0
     if c.strategy == "blocking":
-        assert snap["overlap"] < 0.5      # blocking hides nothing
+        assert snap["overlap"] == 0.0     # blocking hides nothing: the caller waits the whole flight
 
 
 @pytest.mark.parametrize("root_is_last", [False, True])
@@ -220,8 +222,87 @@ def test_any_true_and_metrics(make_comm):
     sums = c.allreduce_scalars({"correct": c.rank + 1, "seen": 10})
     assert sums == {"correct": c.size * (c.size + 1) / 2, "seen": 10.0 * c.size}
     assert c.allreduce_scalars({"loss": c.rank}, op="max") == {"loss": float(c.size - 1)}
-    gathered = c.gather_metrics({"rank": c.rank}, root=0)
-    assert gathered == ([{"rank": r} for r in range(c.size)] if c.rank == 0 else None)
+    assert c.allreduce_scalars({"loss": c.rank}, op="min") == {"loss": 0.0}
+    with pytest.raises(ValueError, match="op must be one of"):
+        c.allreduce_scalars({"x": 1.0}, op="prod")
+
+
+@pytest.mark.parametrize("root_is_last", [False, True])
+def test_broadcast_object_and_barrier(make_comm, root_is_last):
+    c = make_comm()
+    root = c.size - 1 if root_is_last else 0
+    mine = {"rank": c.rank, "text": "x" * (100 * c.rank), "array": np.arange(c.rank + 3)}
+    got = c.broadcast_object(mine, root=root)
+    assert got["rank"] == root and got["text"] == "x" * (100 * root)
+    np.testing.assert_array_equal(got["array"], np.arange(root + 3))
+    c.barrier()
+
+
+def rank_tree(rank: int) -> dict:
+    """A state tree whose every leaf says which rank it belongs to."""
+    return {"algo": {"W": rank_data(rank, 1000, np.float64), "t": rank, "empty": np.zeros(0, np.float32)},
+            "model": {"params": rank_data(rank, 10), "buffers": {}},
+            "history": [np.int64(rank), {"a": rank}], "note": None}
+
+
+def assert_tree_equal(a, b) -> None:
+    assert type(a) is type(b) or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)), (a, b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_tree_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_tree_equal(x, y)
+    elif isinstance(a, (np.ndarray, np.generic)):
+        assert a.dtype == b.dtype and np.shape(a) == np.shape(b) and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("root_is_last", [False, True])
+def test_gather_trees_yields_every_ranks_tree_in_order_one_at_a_time(make_comm, root_is_last):
+    c = make_comm()
+    root = c.size - 1 if root_is_last else 0
+    received = c.gather_trees(rank_tree(c.rank), root=root)
+    if c.rank != root:
+        assert received is None
+    else:
+        ranks = []
+        for r, tree in received:      # trees arrive as the iteration reaches them
+            assert_tree_equal(tree, rank_tree(r))
+            ranks.append(r)
+        assert ranks == list(range(c.size))
+    c.barrier()
+
+
+@pytest.mark.parametrize("root_is_last", [False, True])
+def test_scatter_trees_gives_every_rank_its_own_tree_making_one_at_a_time(make_comm, root_is_last):
+    c = make_comm()
+    root = c.size - 1 if root_is_last else 0
+    made = []
+
+    def tree_of(r):
+        made.append(r)
+        return rank_tree(r)
+
+    mine = c.scatter_trees(tree_of if c.rank == root else None, root=root)
+    assert_tree_equal(mine, rank_tree(c.rank))
+    if c.rank == root:   # the others first, in rank order, then the root's own
+        assert made == [r for r in range(c.size) if r != root] + [root]
+
+
+def test_the_context_manager_frees_the_communicator(comm):
+    with Communicator(comm, progress="thread") as c:
+        buf = rank_data(c.rank, 100)
+        c.allreduce_start(buf)             # left in flight: leaving the block completes it
+    np.testing.assert_allclose(buf, reference_mean(c.size, 100), rtol=1e-5, atol=1e-6)
+    assert c._thread is None and c._watchdog is None     # helper threads stopped
+    with pytest.raises(RuntimeError, match="boom"):      # an exception: threads stop, nothing collective
+        with Communicator(comm, progress="thread") as c:
+            raise RuntimeError("boom")
+    assert c._thread is None and c._watchdog is None
 
 
 def test_bad_settings_are_user_errors(comm):
@@ -242,20 +323,30 @@ def test_averaging_an_integer_buffer_is_refused(comm):
         c.free()
 
 
-def test_control_calls_in_flight_do_not_freeze_the_communication_thread(make_comm):
+CONTROL_CALLS = {   # name -> (call, what every rank must get back)
+    "any_true": (lambda c: c.any_true(False), lambda c: False),
+    "agree_error": (lambda c: c.agree_error(None), lambda c: None),                       # pickled allgather
+    "broadcast_object": (lambda c: c.broadcast_object({"from": c.rank}), lambda c: {"from": 0}),   # pickled bcast
+}
+
+
+@pytest.mark.parametrize("call", sorted(CONTROL_CALLS))
+def test_control_calls_in_flight_do_not_freeze_the_communication_thread(make_comm, call):
     # Rank 0 makes a control call while its bucketed request is in flight; the others finish
     # their request first. The request's later buckets need rank 0's communication thread,
-    # which must keep running while rank 0 blocks in the control call (GIL released).
+    # which must keep running while rank 0 blocks in the control call (GIL released: mpi4py's
+    # pickle-based calls release it inside MPI too, which the pickled calls here check).
     c = make_comm(bucket_bytes=4096)
+    control, expected = CONTROL_CALLS[call]
     buf = rank_data(c.rank, 50_000)
     if c.rank == 0:
         handle = c.allreduce_start(buf)
-        flagged = c.any_true(False)
+        answer = control(c)
         handle.wait()
     else:
         c.allreduce_start(buf).wait()
-        flagged = c.any_true(False)
-    assert flagged is False
+        answer = control(c)
+    assert answer == expected(c)
     np.testing.assert_allclose(buf, reference_mean(c.size, 50_000), rtol=1e-5, atol=1e-6)
 
 

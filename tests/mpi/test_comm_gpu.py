@@ -1,6 +1,6 @@
 """The GPU-buffer paths of the Communicator, without a GPU.
 
-``FakeDeviceArray`` exposes ``__cuda_array_interface__`` over host memory (as mpi4py's own
+``tests.fakes.FakeDeviceArray`` exposes ``__cuda_array_interface__`` over host memory (as mpi4py's own
 ``test/arrayimpl.py`` does), plus the few CuPy methods the transports use (``get(out=)``,
 ``set``, slicing, in-place division). mpi4py hands its pointer to MPI as a "device" buffer;
 since the memory is really on the host, a non-CUDA MPI handles it, so both transports can
@@ -13,45 +13,9 @@ import numpy as np
 import pytest
 
 from ssdmpi.comm.communicator import Communicator
+from tests.fakes import FakeDeviceArray
 
 STRATEGIES = ("blocking", "test", "thread")
-
-
-class FakeDeviceArray:
-    """A 1-D 'device' array over host memory, CuPy-like enough for ssdmpi.comm."""
-
-    def __init__(self, host: np.ndarray):
-        self._host = host
-
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self._host.shape, "typestr": self._host.dtype.str,
-                "data": (self._host.ctypes.data, False), "strides": None, "version": 3}
-
-    dtype = property(lambda self: self._host.dtype)
-    size = property(lambda self: self._host.size)
-    nbytes = property(lambda self: self._host.nbytes)
-    ndim = property(lambda self: self._host.ndim)
-    itemsize = property(lambda self: self._host.itemsize)
-
-    def __getitem__(self, index):
-        assert isinstance(index, slice)
-        return FakeDeviceArray(self._host[index])
-
-    def get(self, out=None):
-        """Device -> host copy (CuPy's name)."""
-        if out is None:
-            return self._host.copy()
-        out[...] = self._host
-        return out
-
-    def set(self, host):
-        """Host -> device copy (CuPy's name)."""
-        self._host[...] = host
-
-    def __itruediv__(self, other):
-        self._host /= other
-        return self
 
 
 class PendingKernel:

@@ -8,6 +8,7 @@ import pytest
 
 from ssdmpi import backend
 from ssdmpi.errors import UserError
+from tests.fakes import FakeDeviceArray
 
 GPU, WHY_NOT = backend.probe_cupy()
 
@@ -62,10 +63,7 @@ def test_host_helpers_on_numpy_arrays():
 
 
 def test_a_foreign_cuda_array_is_a_device_array_but_not_cupy():
-    class FakeDeviceArray:                              # anything exposing the CUDA array interface
-        __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False), "version": 3}
-
-    fake = FakeDeviceArray()
+    fake = FakeDeviceArray(np.zeros(1, dtype=np.float32))   # anything exposing the CUDA array interface
     assert backend.is_device_array(fake)
     assert backend.array_module(fake) is np             # only real CuPy arrays select cupy
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ssdmpi import checkpoint
+from ssdmpi.comm import trees
 from ssdmpi.errors import UserError
 
 
@@ -195,8 +196,9 @@ def test_describe_lists_what_is_inside(tmp_path):
 def test_split_and_join_keep_arrays_in_order():
     arrays = []
     tree = state_of(3)
-    skeleton = checkpoint._split(tree, arrays)
-    assert_same(tree | {"history": list(tree["history"])}, checkpoint._join(skeleton, arrays))
+    skeleton = trees.split(tree, arrays)
+    assert [p["__array__"] for p in trees.placeholders(skeleton)] == list(range(len(arrays)))
+    assert_same(tree | {"history": list(tree["history"])}, trees.join(skeleton, arrays))
 
 
 def test_arrays_equal_across_ranks_are_stored_once_as_links(tmp_path):

@@ -1,6 +1,5 @@
 """Serial parts of the comm layer: signature comparison, error agreement, stats, transports."""
 
-import time
 
 import numpy as np
 import pytest
@@ -51,12 +50,17 @@ def test_stats_overlap_and_reset():
     assert stats.snapshot()["overlap"] == 0.0
 
 
-def test_stats_record_is_cheap():
+def test_stats_keep_running_totals_not_a_history():
+    # Recorded on every allreduce: it must stay O(1) in time and memory (its cost per call is
+    # measured by ``bench comm``, not asserted here): the totals are exact and nothing grows.
     stats = CommStats()
-    start = time.perf_counter()
+    assert not hasattr(stats, "__dict__")          # __slots__: no per-call attributes can pile up
     for _ in range(10_000):
-        stats.record(4, 1e-3, 1e-4, 1e-3)
-    assert (time.perf_counter() - start) / 10_000 < 20e-6
+        stats.record(4, 0.5, 0.25, 1.0)
+    snap = stats.snapshot()
+    assert snap["allreduce_count"] == 10_000 and snap["bytes_sent"] == 40_000
+    assert (snap["inflight_s"], snap["wait_s"], snap["compute_s"]) == (5000.0, 2500.0, 10000.0)
+    assert snap["overlap"] == 0.5
 
 
 def test_transport_resolution(monkeypatch):

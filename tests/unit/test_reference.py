@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from ssdmpi.algos import AlgoConfig
-from ssdmpi.algos.reference import ArrayBatches, Simulation, simulate
+from ssdmpi.algos.reference import Simulation, simulate
 from ssdmpi.nn import build_model
+from tests.fakes import ArrayBatches
 
 FEATURES, CLASSES = 10, 3
 

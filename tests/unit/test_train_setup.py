@@ -6,7 +6,7 @@ import pytest
 
 from ssdmpi import config
 from ssdmpi.errors import UserError
-from ssdmpi.train import _algo_config, _resolved
+from ssdmpi.run_setup import algo_config, resolved_config
 
 
 def resolve(*argv):
@@ -19,7 +19,7 @@ def resolve(*argv):
 def test_cifar10_preset_schedules_are_converted_from_epochs_to_steps():
     cfg, soft = resolve("--preset", "cifar10-resnet20")
     E = 97    # 50,000 images / (4 ranks x 128)
-    algo = _algo_config(cfg, soft, E, 160 * E, world_size=4)
+    algo = algo_config(cfg, soft, E, 160 * E, world_size=4)
     assert algo.lr_schedule == {"kind": "multistep", "milestones": [80 * E, 120 * E], "gamma": 0.1}
     assert algo.local_lr_schedule == {"kind": "multistep", "milestones": [75 * E, 115 * E], "gamma": 0.1}
     assert (algo.algo, algo.delay, algo.comm, algo.local_update) == ("ssd", 5, "step", "glu-paper")
@@ -30,26 +30,26 @@ def test_cifar10_preset_schedules_are_converted_from_epochs_to_steps():
 
 def test_preset_algorithm_settings_that_do_not_apply_are_dropped():
     cfg, soft = resolve("--preset", "cifar10-resnet20", "--algo", "ssgd")
-    algo = _algo_config(cfg, soft, 97, 970, world_size=4)
+    algo = algo_config(cfg, soft, 97, 970, world_size=4)
     assert algo.algo == "ssgd" and algo.local_update is None and algo.delay is None
 
 
 def test_the_users_own_inapplicable_settings_are_errors():
     cfg, soft = resolve("--algo", "ssgd", "--delay", "3")
     with pytest.raises(UserError, match="--delay does not apply to --algo ssgd"):
-        _algo_config(cfg, soft, 10, 100, world_size=2)
+        algo_config(cfg, soft, 10, 100, world_size=2)
 
 
 def test_warmup_epochs_and_lr_warmup_are_converted_with_the_epoch_length():
     cfg, soft = resolve("--warmup-epochs", "1.5", "--lr-warmup-epochs", "0.5", "--lr-schedule", "cosine")
-    algo = _algo_config(cfg, soft, 20, 400, world_size=2)
+    algo = algo_config(cfg, soft, 20, 400, world_size=2)
     assert algo.warmup_steps == 30 and algo.lr_warmup_steps == 10 and algo.total_steps == 400
 
 
 def test_resolved_config_records_the_algorithms_defaults():
     cfg, soft = resolve()
-    algo = _algo_config(cfg, soft, 22, 440, world_size=4)
-    out = _resolved(cfg, algo)
+    algo = algo_config(cfg, soft, 22, 440, world_size=4)
+    out = resolved_config(cfg, algo)
     assert (out.delay, out.comm, out.period_rule, out.local_update, out.warmup_steps) == \
         (5, "period", "delta-own", None, 50)
     assert cfg.delay is None     # the input is not modified
@@ -58,31 +58,31 @@ def test_resolved_config_records_the_algorithms_defaults():
 def test_resumed_metrics_drop_records_logged_after_the_checkpoint(tmp_path):
     import json
 
-    from ssdmpi.train import _trim_metrics
+    from ssdmpi.run_setup import trim_metrics
 
     path = tmp_path / "metrics.jsonl"
     lines = [{"kind": "start", "step": 0}, {"kind": "step", "step": 10}, {"kind": "checkpoint", "step": 20},
              {"kind": "step", "step": 20}, {"kind": "step", "step": 30}, {"kind": "eval", "step": 30}]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"kind": "step", "st')   # cut by the crash
-    _trim_metrics(str(path), 20)
+    trim_metrics(str(path), 20)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 10, 20, 20]
 
 
 def test_run_directory_rules(tmp_path):
     import os
 
-    from ssdmpi.train import _prepare_run_dir
+    from ssdmpi.run_setup import prepare_run_dir
 
     run = tmp_path / "run"
-    _prepare_run_dir(str(run), resuming=False)
+    prepare_run_dir(str(run), resuming=False)
     assert (run / "checkpoints").is_dir() and os.listdir(run) == ["checkpoints"]
     (run / "metrics.jsonl").write_text('{"kind": "start"}\n')
     with pytest.raises(UserError, match="already holds a run; continue it with --resume auto"):
-        _prepare_run_dir(str(run), resuming=False)
+        prepare_run_dir(str(run), resuming=False)
     # --resume auto found no checkpoint: the dead attempt's metrics are moved aside, not appended to
-    _prepare_run_dir(str(run), resuming=False, auto=True)
+    prepare_run_dir(str(run), resuming=False, auto=True)
     assert not (run / "metrics.jsonl").exists()
     assert [p.name for p in run.iterdir() if p.name.startswith("metrics.jsonl.")]
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="cannot use run directory .*file/run"):
-        _prepare_run_dir(str(tmp_path / "file" / "run"), resuming=False)
+        prepare_run_dir(str(tmp_path / "file" / "run"), resuming=False)
