@@ -178,11 +178,13 @@ def summary_text(s: dict) -> str:
     lines.append(f"  steps {s.get('step')} ({s.get('epoch', 0):.2f} epochs), wall time "
                  f"{format_duration(s.get('time', 0.0))}, {s.get('samples_per_s', 0.0):.0f} samples/s")
     if s.get("test_acc") is not None:
-        lines.append(f"  test accuracy (global model W): {s['test_acc']:.2%}  loss {s.get('test_loss', float('nan')):.4f}")
+        lines.append(f"  test accuracy (global model W): {s['test_acc']:.2%}  "
+                     f"loss {s.get('test_loss', float('nan')):.4f}")
     if s.get("test_acc_local") is not None:
         lines.append(f"  test accuracy (rank 0's local model L): {s['test_acc_local']:.2%}")
     if s.get("compute_s") is not None:
-        lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
+        lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, "
+                     f"in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
                      f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")

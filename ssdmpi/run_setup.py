@@ -3,9 +3,8 @@ algorithm's settings, and the run directory.
 
 ``configure(args, world_size)`` runs on rank 0 alone (it reads the config files and the
 checkpoint) and returns ``(cfg, soft, ckpt_path, ckpt_meta)``; the trainer broadcasts it.
-``algo_config`` turns the TrainConfig into the ``AlgoConfig`` (epochs -> steps, preset
-settings that do not apply dropped) and ``resolved_config`` writes the algorithm's resolved
-defaults back (what ``config.yaml`` records). ``prepare_run_dir`` and ``trim_metrics`` look
+The TrainConfig becomes the algorithm's settings in the config layer
+(``config.algo_config``, ``config.resolved_settings``). ``prepare_run_dir`` and ``trim_metrics`` look
 after the run directory (rank 0).
 """
 
@@ -51,66 +50,6 @@ def configure(args, world_size: int):
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
     return cfg, soft, ckpt_path, ckpt_meta
-
-
-def algo_config(cfg, soft: set, steps_per_epoch: int, total_steps: int, world_size: int):
-    """The ``AlgoConfig`` of ``cfg`` (epochs converted to steps), resolved.
-
-    Algorithm settings that came from a preset (``soft``) and do not apply to the chosen
-    algorithm are dropped (``--preset cifar10-resnet20 --algo ssgd`` is fine); the user's
-    own inapplicable settings are errors.
-    """
-    from ssdmpi.algos import AlgoConfig
-
-    values = dict(
-        algo=cfg.algo, delay=cfg.delay, warmup_steps=cfg.warmup_iterations(steps_per_epoch),
-        comm=cfg.comm, period_rule=cfg.period_rule, local_update=cfg.local_update, lr=cfg.lr,
-        lr_schedule=schedule_in_steps(cfg.lr_schedule, steps_per_epoch),
-        lr_warmup_steps=int(round(cfg.lr_warmup_epochs * steps_per_epoch)), total_steps=total_steps,
-        local_lr=cfg.local_lr, local_lr_schedule=None if cfg.local_lr_schedule is None
-        else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
-        momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor)
-    droppable = [k for k in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
-                             "glu_divisor") if k in soft]
-    try:
-        return AlgoConfig(**values).validate(world_size)
-    except UserError:
-        if not droppable:
-            raise
-    for key in droppable:
-        values[key] = None
-        try:
-            return AlgoConfig(**values).validate(world_size)
-        except UserError:
-            continue
-    return AlgoConfig(**values).validate(world_size)   # raises the error about the user's own settings
-
-
-def schedule_in_steps(spec: str, steps_per_epoch: int) -> dict:
-    """A learning-rate schedule given in epochs (``--lr-schedule``) as the algorithm's dict in steps."""
-    from ssdmpi.config import parse_schedule
-
-    kind, options = parse_schedule(spec)
-    out = {"kind": kind}
-    if kind == "step":
-        out.update(every=max(1, round(options["every"] * steps_per_epoch)), gamma=options["gamma"])
-    elif kind == "multistep":
-        out.update(milestones=[round(m * steps_per_epoch) for m in options["milestones"]], gamma=options["gamma"])
-    elif kind == "poly":
-        out["power"] = options["power"]
-    return out
-
-
-def resolved_config(cfg, algo_cfg):
-    """``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
-    import dataclasses
-
-    out = dataclasses.replace(cfg)
-    for key in ("delay", "comm", "period_rule", "local_update", "glu_divisor"):
-        setattr(out, key, getattr(algo_cfg, key))
-    if out.warmup_epochs is None:
-        out.warmup_steps = int(algo_cfg.warmup_steps)
-    return out
 
 
 def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> None:

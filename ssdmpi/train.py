@@ -116,6 +116,7 @@ def run(args) -> int:
     in first, so that a preemption signal arriving during setup is acted on at the first
     synchronisation point instead of killing the rank."""
     from ssdmpi import backend, run_setup
+    from ssdmpi import config as configuration
     from ssdmpi.comm import world
     from ssdmpi.comm.communicator import Communicator
 
@@ -128,8 +129,7 @@ def run(args) -> int:
         # 2. Setup: backend, communicator, data, model, algorithm, loader; every rank checks
         #    that all agree. Resume: rank 0 reads the checkpoint and sends every rank its state.
         xp = world.agree(lambda: backend.select(cfg.device))
-        comm = resources.enter_context(Communicator(progress=cfg.progress, transport=cfg.transport,
-                                                    stall_timeout=cfg.stall_timeout))
+        comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
         job = setup(cfg, soft, ckpt_meta, comm, xp, resources)
         if ckpt_path is not None:
             resume(job, comm, ckpt_path)
@@ -161,7 +161,7 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
     ``UserError`` on any rank is raised on every rank; the loader is closed by ``resources``."""
     import numpy as np
 
-    from ssdmpi import backend, run_setup
+    from ssdmpi import backend
     from ssdmpi import config as configuration
     from ssdmpi.algos import build_algorithm
     from ssdmpi.data import ShardedLoader, load_dataset
@@ -181,8 +181,8 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
     resources.enter_context(loader)      # closes its prefetch thread
     E = loader.steps_per_epoch
     total_steps = cfg.total_steps(E)
-    algo_cfg = comm.agree(lambda: run_setup.algo_config(cfg, soft, E, total_steps, size))
-    cfg = run_setup.resolved_config(cfg, algo_cfg)
+    algo_cfg = comm.agree(lambda: configuration.algo_config(cfg, soft, E, total_steps, size))
+    cfg = configuration.resolved_settings(cfg, algo_cfg)
     if ckpt_meta is not None:
         comm.agree(lambda: configuration.check_resume(ckpt_meta.get("config", {}), cfg))
     algo = comm.agree(lambda: build_algorithm(algo_cfg, model, comm))

@@ -81,7 +81,7 @@ def select_resume(directory: str, warn=None) -> str | None:
     none verifies, ``CheckpointError``.
     """
     found = list_checkpoints(directory)
-    for step, path in reversed(found):
+    for _step, path in reversed(found):
         problems = verify(path)
         if not problems:
             return path

@@ -13,8 +13,8 @@ mpi4py baseline of ``ssdmpi bench comm``).
 - ``stats.py``: per-interval timings (``snapshot_and_reset()`` keys).
 - ``watchdog.py``: the stall watchdog (names the operation and the missing ranks, aborts).
 - ``agreement.py``: comparing setup signatures and errors across ranks (pure functions).
-- ``options.py``: reading sizes such as ``4M`` (``parse_size``, used by ``bench comm``).
 - ``abort.py``: a failing rank aborts the whole job instead of hanging it.
+- ``shm.py``: MPI shared-memory segments left in ``/dev/shm`` by killed jobs (find, remove).
 
 See ``docs/ARCHITECTURE.md``. Import MPI lazily (``from mpi4py import MPI`` inside
 functions) so that ``ssdmpi --help`` and serial tools never initialise MPI.

@@ -71,7 +71,7 @@ def test_comm_step_posts_every_iteration_and_waits_one_iteration_later(recorded)
     starts, waits = by_kind(recorded.log, "start"), by_kind(recorded.log, "wait")
     assert [t for _, t, _, _ in starts] == list(range(T_w, steps))                       # one post per iteration
     assert [(rid, t) for _, t, rid, _ in waits] == [(rid, t + 1) for _, t, rid, _ in starts[:-1]]
-    for i, (_, t, rid, buf) in enumerate(recorded.log):                                   # posted before the wait
+    for i, (_, t, _rid, _buf) in enumerate(recorded.log):                                   # posted before the wait
         if recorded.log[i][0] == "wait":
             assert recorded.log[i - 1][0] == "start" and recorded.log[i - 1][1] == t
     buffers = [buf for _, _, _, buf in starts]

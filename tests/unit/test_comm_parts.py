@@ -88,26 +88,3 @@ def test_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(4000) == "4.0 KB"
     assert format_bytes(3_400_000) == "3.4 MB"
-
-
-def test_parse_size():
-    from ssdmpi.comm.options import parse_size
-
-    assert parse_size("4M") == 4 << 20 and parse_size("64k") == 64 << 10 and parse_size("1000") == 1000
-    assert parse_size("0") == 0 and parse_size("1.5K") == 1536 and parse_size("16MB") == 16 << 20
-    with pytest.raises(UserError, match="cannot read size"):
-        parse_size("lots")
-
-
-def test_communication_flags():
-    import argparse
-
-    from ssdmpi.comm.options import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args([])
-    assert (args.progress, args.transport, args.bucket_size, args.stall_timeout) == ("auto", "auto", "0", 300.0)
-    args = parser.parse_args(["--progress", "thread", "--transport", "host", "--bucket-size", "4M",
-                              "--stall-timeout", "0"])
-    assert (args.progress, args.transport, args.bucket_size, args.stall_timeout) == ("thread", "host", "4M", 0.0)

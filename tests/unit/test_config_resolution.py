@@ -77,24 +77,6 @@ def test_resolved_settings_keep_warmup_epochs():
     assert out.warmup_epochs == 2.0 and out.warmup_steps is None
 
 
-CASES = [(), ("--preset", "cifar10-resnet20"), ("--preset", "cifar10-resnet20", "--algo", "ssgd"),
-         ("--preset", "cifar10-resnet20", "--algo", "odsgd"), ("--algo", "localsgd"), ("--algo", "odsgd"),
-         ("--comm", "step", "--local-update", "glu-paper", "--local-lr-schedule", "step:3"),
-         ("--warmup-epochs", "0.5", "--lr-schedule", "poly:2", "--lr-warmup-epochs", "1")]
-
-
-@pytest.mark.parametrize("argv", CASES)
-def test_same_results_as_the_trainers_former_private_copies(argv):
-    """Oracle while ``ssdmpi.train`` still has its own ``_algo_config``/``_resolved``."""
-    train = pytest.importorskip("ssdmpi.train")
-    if not hasattr(train, "_algo_config"):
-        pytest.skip("the trainer calls config.algo_config itself")
-    cfg, soft = resolve(*argv)
-    ours = config.algo_config(cfg, soft, 13, 260, world_size=3)
-    assert ours == train._algo_config(cfg, soft, 13, 260, 3)
-    assert config.resolved_settings(cfg, ours) == train._resolved(cfg, ours)
-
-
 def test_communicator_options_carry_the_runtime_settings():
     cfg, _ = resolve("--progress", "thread", "--transport", "host", "--bucket-size", "4M", "--stall-timeout", "9")
     assert config.communicator_options(cfg) == {"progress": "thread", "transport": "host", "stall_timeout": 9.0,
