@@ -11,28 +11,9 @@ while some thread is inside an MPI call. So ``--progress`` picks who makes those
 - ``thread``: a communication thread runs the allreduce (blocking calls, GIL released)
   while the caller computes; ``wait()`` waits on an event. Needs ``MPI_THREAD_MULTIPLE``.
 
-Default per backend (``default_progress``), chosen from ``ssdmpi bench comm`` at 2 ranks on
-the 2-core development machine (MPICH 5.0.2 wheel; the machine was shared with other jobs,
-load average 6-13, so single numbers move by +-20 points; the ranking held in every run).
-16 MB float32 buffer, compute = 1.2 x the allreduce time, overlap = (t_comm + t_compute -
-t_total) / t_comm, median of 9-21 paired repeats, one value or range per run:
-
-=================================  ========  =========  =========
-overlap (hidden fraction)          blocking  test       thread
-=================================  ========  =========  =========
-shared memory, idle, 1 piece       --        3 %, 37 %  99 %, 99 %
-shared memory, idle, 10 pieces     ~0 %      26-54 %    63-83 %
-shared memory, CPU-bound, 10 p.    ~0 %      5-42 %     -26-25 %
-1 Gbit/s TCP, idle, 1 piece        -1 %      50 %       100 %
-1 Gbit/s TCP, idle, 10 pieces      0 %       87-88 %    97-98 %
-1 Gbit/s TCP, CPU-bound, 1 piece   -2 %      43 %       60 %
-1 Gbit/s TCP, CPU-bound, 10 p.     -4-1 %    66-89 %    56-68 %
-=================================  ========  =========  =========
-
-(idle = ``time.sleep``, standing in for GPU kernels, which leave the CPU free; CPU-bound =
-NumPy matmuls; "pieces" = how often the caller calls ``progress()`` during the compute, 1 =
-only after it; 1 Gbit/s = ``bin/ssdmpi-netns --rate 1gbit``. The 10-piece idle rows on
-shared memory lose to the sleeping caller waking late on the oversubscribed machine.) So:
+Default per backend (``default_progress``), chosen from ``ssdmpi bench comm``'s overlap
+measurements at 2 ranks on the 2-core development machine (BENCHMARKS.md section 6, with
+the commands):
 
 - GPU (CuPy) runs default to ``thread``: the CPU is idle while kernels run, and a thread
   blocked in MPI moves the data the whole time, whether or not the caller calls ``progress()``.
@@ -41,8 +22,6 @@ shared memory lose to the sleeping caller waking late on the oversubscribed mach
   thread takes the core the compute needs (negative overlap on shared memory, 2 ranks on 2
   cores), though it beats ``test`` on a network when the caller never calls ``progress()``;
   with spare cores per rank ``thread`` may win: measure with ``ssdmpi bench comm``.
-
-Full tables and commands: ``ssdmpi/bench/comm.py``'s docstring.
 """
 
 from __future__ import annotations
