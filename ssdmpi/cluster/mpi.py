@@ -44,9 +44,11 @@ def write_launcher(cluster: Cluster) -> str:
     return str(path)
 
 
-def mpiexec_argv(cluster: Cluster, ranks_per_node: int, cmd: list[str], nodes: int | None = None) -> list[str]:
+def mpiexec_argv(cluster: Cluster, ranks_per_node: int, cmd: list[str], nodes: int | None = None,
+                 cwd: str | None = None) -> list[str]:
     """The argv that starts ``cmd`` as ``ranks_per_node`` ranks on each of the first ``nodes``
-    nodes (default: all), block-wise (ranks 0..R-1 on node 0, ...); run it with :func:`mpi_env`."""
+    nodes (default: all), block-wise (ranks 0..R-1 on node 0, ...), in ``cwd`` (default: ours);
+    run it with :func:`mpi_env`."""
     nodes = len(cluster.nodes) if nodes is None else nodes
     if not 1 <= nodes <= len(cluster.nodes):
         raise ClusterError(f"--nodes must be between 1 and {len(cluster.nodes)} (the cluster's size), not {nodes}")
@@ -60,7 +62,7 @@ def mpiexec_argv(cluster: Cluster, ranks_per_node: int, cmd: list[str], nodes: i
     hosts = ",".join(f"{n.host}:{ranks_per_node}" for n in cluster.nodes[:nodes])
     inner = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(cluster.dir / "launch"), "-hosts", hosts,
              "-n", str(nodes * ranks_per_node), *cmd]
-    return cluster.enter(cluster.nodes[0], inner)
+    return cluster.enter(cluster.nodes[0], inner, cwd)
 
 
 def mpi_env(base: dict | None = None) -> dict:

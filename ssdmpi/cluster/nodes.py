@@ -10,7 +10,8 @@ Cluster NAME with N nodes (every name carries the prefix, so clusters coexist):
 - a holder process per node, ``sleep infinity`` inside ``NAME-nI`` with its own UTS namespace
   (host name ``NAME-nI``) and mount namespace (the cluster's hosts file bind-mounted on
   ``/etc/hosts``; every other mount is the host's, so files are shared like on NFS).
-  Entering a node means ``nsenter`` into the holder's net, UTS and mount namespaces;
+  Entering a node means ``nsenter`` into the holder's net, UTS and mount namespaces
+  (``/sys`` stays the host's, cgroups included);
 - state under ``/run/ssdmpi-cluster/NAME/`` (``SSDMPI_CLUSTER_STATE`` overrides the root):
   ``state.json``, ``hosts``, and hydra's launcher ``launch`` (see :mod:`ssdmpi.cluster.mpi`).
 
@@ -198,7 +199,9 @@ class Cluster:
     def _start_holder(self, node: Node) -> int:
         ready = self.dir / f"ready-{node.index}"
         log = open(self.dir / f"holder-{node.index}.log", "wb")
-        proc = subprocess.Popen(["ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount",
+        # nsenter, not `ip netns exec`: that remounts /sys, which hides the host's cgroup
+        # mounts from the node (slurmd needs them); /sys/class/net shows the host's links.
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount",
                                  "--propagation", "private", "sh", "-c", HOLDER, "holder", node.host,
                                  str(self.dir / "hosts"), str(ready)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
