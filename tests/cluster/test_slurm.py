@@ -37,10 +37,12 @@ TWO_NODES = ("-N", "2", "--ntasks-per-node", "2")
 JOB_TIMEOUT = 300
 SSDMPI = "python -m ssdmpi"     # PYTHONPATH (set by the fixture) points at this tree
 
+# rank 0 prints every rank's row (ranks' lines through one launcher can interleave)
 HELLO = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
-         "local = c.Split_type(MPI.COMM_TYPE_SHARED); "
-         "print(f'rank {c.rank} host {socket.gethostname()} proc {MPI.Get_processor_name()} local {local.size} '"
-         "f'sum {c.allreduce(c.rank + 1)}', flush=True)")
+         "local = c.Split_type(MPI.COMM_TYPE_SHARED); s = c.allreduce(c.rank + 1); "
+         "rows = c.gather((c.rank, socket.gethostname(), MPI.Get_processor_name(), local.size, s)); "
+         "c.rank == 0 and print(*(f'rank {r} host {h} proc {p} local {n} sum {t}' for r, h, p, n, t in rows), "
+         "sep=chr(10), flush=True)")
 
 
 def submit_train(slurm, cwd: Path, *extra: str, **env) -> tuple[int, Path, Path]:
