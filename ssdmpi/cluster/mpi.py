@@ -58,7 +58,8 @@ def mpiexec_argv(cluster: Cluster, ranks_per_node: int, cmd: list[str], nodes: i
         raise ClusterError("no command given: ssdmpi-cluster ... -- COMMAND [ARGS...]")
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
-        raise ClusterError("mpiexec not found on PATH: put MPICH's (hydra) first, e.g. export PATH=/work/venv/bin:$PATH")
+        raise ClusterError("mpiexec not found on PATH: put MPICH's (hydra) first, "
+                           "e.g. export PATH=/work/venv/bin:$PATH")
     hosts = ",".join(f"{n.host}:{ranks_per_node}" for n in cluster.nodes[:nodes])
     inner = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(cluster.dir / "launch"), "-hosts", hosts,
              "-n", str(nodes * ranks_per_node), *cmd]

@@ -70,7 +70,7 @@ def check_host() -> None:
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run one ip/tc command; raise :class:`ClusterError` with its last error line if it fails."""
-    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(list(cmd), check=False, capture_output=True, text=True, timeout=30)
     if check and r.returncode != 0:
         why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         raise ClusterError(f"{' '.join(cmd)}: {why}")
@@ -169,8 +169,8 @@ class Cluster:
                 self._make_node(node)
             for node in self.nodes:
                 node.pid = self._start_holder(node)
-            from ssdmpi.cluster.mpi import write_launcher   # the launcher needs the holders' pids
-            write_launcher(self)
+            from ssdmpi.cluster.mpi import write_launcher
+            write_launcher(self)     # it needs the holders' pids
             self._save()
         except BaseException:
             self.down()
@@ -198,14 +198,13 @@ class Cluster:
 
     def _start_holder(self, node: Node) -> int:
         ready = self.dir / f"ready-{node.index}"
-        log = open(self.dir / f"holder-{node.index}.log", "wb")
         # nsenter, not `ip netns exec`: that remounts /sys, which hides the host's cgroup
         # mounts from the node (slurmd needs them); /sys/class/net shows the host's links.
-        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount",
-                                 "--propagation", "private", "sh", "-c", HOLDER, "holder", node.host,
-                                 str(self.dir / "hosts"), str(ready)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        log.close()
+        with open(self.dir / f"holder-{node.index}.log", "wb") as log:
+            proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--mount",
+                                     "--propagation", "private", "sh", "-c", HOLDER, "holder", node.host,
+                                     str(self.dir / "hosts"), str(ready)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 15
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -243,8 +242,8 @@ class Cluster:
         return sent(node.netns, NIC), sent(self.switch, f"n{node.index}")
 
     def status(self) -> str:
-        lines = [f"cluster {self.name}: {len(self.nodes)} node(s), NIC {self.nic} each way "
-                 f"(tbf latency {self.latency_ms:g} ms), switch netns {self.switch}, state {self.dir}"]
+        lines = [(f"cluster {self.name}: {len(self.nodes)} node(s), NIC {self.nic} each way "
+                  f"(tbf latency {self.latency_ms:g} ms), switch netns {self.switch}, state {self.dir}")]
         for n in self.nodes:
             alive = "up" if self._holder_alive(n) else "HOLDER GONE"
             tx, rx = self.nic_bytes(n)

@@ -38,7 +38,7 @@ NIC = "1gbit"
 
 def host_links() -> str:
     """The host namespace's link names (the cluster must never add one)."""
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(["ip", "-o", "link", "show"], check=False, capture_output=True, text=True, timeout=30).stdout
     return " ".join(sorted(line.split(":")[1].strip() for line in out.splitlines()))
 
 
@@ -73,6 +73,7 @@ def ns_cluster():
         pytest.skip(reason)
     links = host_links()
     cluster = Cluster(unique_name("c"), NODES, NIC)
+    cluster.host_links_before = links
     try:
         cluster.up()
         yield cluster
@@ -89,7 +90,7 @@ def mpirun(cluster: Cluster, ranks_per_node: int, cmd: list[str], cwd: Path, nod
                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                        PYTHONPATH=str(ROOT)))
     argv = mpiexec_argv(cluster, ranks_per_node, cmd, nodes, str(cwd))
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 class NamespacedSlurm(SlurmCluster):
@@ -176,7 +177,7 @@ KillWait=10
 
     def stop(self) -> None:
         super().stop()
-        for name, p in self.procs.items():    # the parent only stops slurmd, slurmctld and munged by name
+        for p in self.procs.values():    # the parent only stops slurmd, slurmctld and munged by name
             if p.poll() is None:
                 p.kill()
                 p.wait(5)

@@ -81,7 +81,7 @@ def uninterrupted(ns_slurm, tmp_path_factory):
 
 
 def test_four_rank_job_across_two_nodes_completes(uninterrupted):
-    record, run_dir, out = uninterrupted
+    record, run_dir, _ = uninterrupted
     assert (record["NumNodes"], record["NumTasks"]) == ("2", "4")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["step"] == STEPS
