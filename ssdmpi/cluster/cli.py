@@ -25,11 +25,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from ssdmpi.cluster.mpi import mpi_env, mpiexec_argv
 from ssdmpi.cluster.nodes import Cluster, ClusterError, check_host
 
 PROG = "ssdmpi-cluster"
+GRACE = 10.0      # seconds `run` lets the command end after Ctrl-C/SIGTERM before taking the cluster down
 
 
 class Parser(argparse.ArgumentParser):
@@ -76,16 +78,27 @@ def build_parser() -> Parser:
     return parser
 
 
-def _wait_forwarding(proc: subprocess.Popen) -> int:
-    """Wait for ``proc``, passing SIGINT/SIGTERM on to it; return its exit status."""
+def _wait_forwarding(proc: subprocess.Popen, grace: float | None = None) -> int:
+    """Wait for ``proc``, passing SIGINT/SIGTERM on to it; return its exit status.
+
+    With ``grace``, stop waiting that many seconds after a signal and return 128 + signal
+    (``run`` then takes the cluster down, which kills whatever still runs on it)."""
+    signalled = []
+
     def forward(signum, _frame):
+        signalled.append((signum, time.monotonic()))
         try:
             proc.send_signal(signum)
         except ProcessLookupError:
             pass
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if grace is not None and signalled and time.monotonic() - signalled[0][1] > grace:
+                    return 128 + signalled[0][0]
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -103,7 +116,7 @@ def run(cluster: Cluster, args, cmd: list[str]) -> int:
         argv = mpiexec_argv(cluster, args.ranks_per_node, cmd)
         print(f"{PROG}: {len(cluster.nodes)} node(s) x {args.ranks_per_node} rank(s), NIC {cluster.nic}",
               file=sys.stderr, flush=True)
-        return _wait_forwarding(subprocess.Popen(argv, env=mpi_env()))
+        return _wait_forwarding(subprocess.Popen(argv, env=mpi_env()), grace=GRACE)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -89,15 +89,28 @@ def test_run_starts_ranks_on_every_node_and_down_leaves_nothing():
         assert d.returncode == 0 and "not up" in d.stdout, d.stdout + d.stderr
 
 
+def sleepers(cluster, node) -> list[int]:
+    """The test's ranks (``time.sleep(120)``) running on ``node``."""
+    found = []
+    for pid in cluster.pids(node):
+        try:
+            if b"time.sleep(120)" in open(f"/proc/{pid}/cmdline", "rb").read():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 @needs_root
 def test_sigterm_to_run_takes_the_cluster_down():
     name, links = unique_name("s"), host_links()
     proc = subprocess.Popen([str(TOOL), "--name", name, "run", "--nodes", "2", "--ranks-per-node", "1", "--",
                              sys.executable, "-c", "import time; time.sleep(120)"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=ENV)
     try:
         cluster = Cluster(name, 2)
-        wait_until(lambda: all(len(cluster.pids(n)) >= 2 for n in cluster.nodes), 60, "a rank on every node")
+        wait_until(lambda: all(sleepers(cluster, n) for n in cluster.nodes), 60, "a rank on every node")
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         left = leftovers(cluster, links)       # before the safety net below
