@@ -142,6 +142,7 @@ def dispatch(args, cmd: list[str]) -> int:
     if args.action == "status":
         print(cluster.status())
         return 0
+    cluster.check_alive()
     if args.action == "exec":
         if not cmd:
             raise ClusterError(f"no command given: {PROG} exec NODE -- COMMAND [ARGS...]")

@@ -251,6 +251,13 @@ class Cluster:
                          f"sent {tx} B  received {rx} B")
         return "\n".join(lines)
 
+    def check_alive(self) -> None:
+        """Raise unless every node's holder is still there (entering a node goes through it)."""
+        for node in self.nodes:
+            if not self._holder_alive(node):
+                raise ClusterError(f"node {node.host} of cluster {self.name} is gone (its holder process "
+                                   f"{node.pid} ended): `ssdmpi-cluster --name {self.name} down`, then up again")
+
     def _holder_alive(self, node: Node) -> bool:
         """The recorded holder still exists and still sits in the node's namespace (no pid reuse)."""
         try:

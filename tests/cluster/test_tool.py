@@ -121,3 +121,19 @@ def test_sigterm_to_run_takes_the_cluster_down():
         Cluster(name, 2).down()
     assert proc.returncode != 0
     assert not left, f"run left behind after SIGTERM: {left}"
+
+
+@needs_root
+def test_a_node_whose_holder_died_is_reported_not_entered():
+    name, links = unique_name("h"), host_links()
+    cluster = Cluster(name, 2)
+    try:
+        cluster.up()
+        os.kill(cluster.nodes[1].pid, signal.SIGKILL)
+        wait_until(lambda: not cluster.pids(cluster.nodes[1]), 10, "the holder to end")
+        r = tool("--name", name, "exec", "n0", "--", "true")
+        assert r.returncode == 2 and f"node {name}-n1 of cluster {name} is gone" in r.stderr, r.stderr
+        assert "HOLDER GONE" in tool("--name", name, "status").stdout
+    finally:
+        cluster.down()
+    assert not leftovers(cluster, links)
