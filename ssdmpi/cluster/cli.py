@@ -109,7 +109,9 @@ def _interrupt(signum, _frame):
 
 
 def run(cluster: Cluster, args, cmd: list[str]) -> int:
-    """up, mpirun, down: down also on any error, Ctrl-C or SIGTERM."""
+    """up, mpirun, down: down also on any error, Ctrl-C or SIGTERM (but never a cluster
+    of the same name that was up before)."""
+    cluster.check_free()
     old = signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM during up: still take it down
     try:
         cluster.up()

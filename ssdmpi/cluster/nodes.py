@@ -154,10 +154,7 @@ class Cluster:
     def up(self) -> None:
         """Create switch, nodes, links, rate limits and holders; record the state. On any
         failure, take down what was made and re-raise."""
-        check_host()
-        if self.dir.exists() or netns_inode(self.switch) is not None:
-            raise ClusterError(f"cluster {self.name!r} is already up: `ssdmpi-cluster --name {self.name} down` "
-                               "it first, or pick another --name")
+        self.check_free()
         try:
             self.dir.mkdir(parents=True)
             (self.dir / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
@@ -175,6 +172,13 @@ class Cluster:
         except BaseException:
             self.down()
             raise
+
+    def check_free(self) -> None:
+        """Raise unless we may create this cluster (root, tools, and the name not in use)."""
+        check_host()
+        if self.dir.exists() or netns_inode(self.switch) is not None:
+            raise ClusterError(f"cluster {self.name!r} is already up: `ssdmpi-cluster --name {self.name} down` "
+                               "it first, or pick another --name")
 
     def _make_node(self, node: Node) -> None:
         port = f"n{node.index}"

@@ -71,6 +71,11 @@ def test_nodes_are_isolated_from_the_host(ns_cluster):
         assert ns_cluster.nodes[0].host not in f.read(), "the host's /etc/hosts was written"
     r = tool("--name", ns_cluster.name, "exec", "n7", "--", "true")
     assert r.returncode == 2 and "unknown node 'n7'" in r.stderr
+    # the name is taken: refused, and the running cluster survives (run must not take it down)
+    for args in (["up", "--nodes", "1"], ["run", "--nodes", "1", "--ranks-per-node", "1", "--", "true"]):
+        r = tool("--name", ns_cluster.name, *args)
+        assert r.returncode == 2 and "is already up" in r.stderr, r.stderr
+    ns_cluster.check_alive()
     assert "10.77.0." not in subprocess.run(["ip", "-o", "addr"], check=False, capture_output=True, text=True).stdout
 
 
