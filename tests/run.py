@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Run the whole test suite: serial unit tests, MPI tests at 1, 2 and 4 ranks, Slurm tests.
+"""Run the whole test suite: serial unit tests, MPI tests at 1, 2 and 4 ranks, Slurm tests,
+and the namespaced 2-node cluster (MPI and Slurm across nodes; root only, else skipped).
 
 Every stage runs under an outer timeout, so a deadlock fails instead of hanging, and
 pytest-timeout fails a single stuck test sooner. Under mpiexec, ranks other than 0
 write their pytest output to per-rank logs, printed only when the stage fails.
 
-Usage: python tests/run.py [--quick] [--stage unit|mpi|slurm ...] [-- extra pytest args]
+Usage: python tests/run.py [--quick] [--stage unit|mpi|slurm|cluster ...] [-- extra pytest args]
 Uses the ``mpiexec`` next to this Python (the venv's own), not whatever is on PATH.
 """
 
@@ -98,12 +99,14 @@ def run_stage(name: str, cmd: list[str], timeout: int, env: dict, totals: dict, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stage", action="append", choices=("unit", "mpi", "slurm"),
+    parser.add_argument("--stage", action="append", choices=("unit", "mpi", "slurm", "cluster"),
                         help="run only these stages (default: all)")
     parser.add_argument("--timeout", type=int, default=1500, help="outer timeout per stage, seconds")
+    parser.add_argument("--cluster-timeout", type=int, default=600,
+                        help="outer timeout of the cluster stage, seconds (it takes ~2 minutes)")
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (after --)")
     args = parser.parse_args()
-    stages = args.stage or ["unit", "mpi", "slurm"]
+    stages = args.stage or ["unit", "mpi", "slurm", "cluster"]
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -122,6 +125,9 @@ def main() -> int:
     if "slurm" in stages:
         results.append(run_stage("slurm", PYTEST + ["--timeout=900", "tests/slurm"] + args.pytest_args,
                                  args.timeout, env, totals))
+    if "cluster" in stages:
+        results.append(run_stage("cluster", PYTEST + ["--timeout=400", "tests/cluster"] + args.pytest_args,
+                                 args.cluster_timeout, env, totals))
     failed_stages = len(results) - sum(results)
     print(f"\nstages: {sum(results)} passed, {failed_stages} failed")
     # Test counts summed over stages (an MPI stage counts rank 0's report once).
