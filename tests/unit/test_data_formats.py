@@ -14,6 +14,7 @@ import pytest
 
 from ssdmpi.data import cifar, datasets, idx, load_dataset
 from tests.conftest import run_cli
+from tests.unit.test_data_digits import stdlib_table  # the digits file parsed independently (csv + gzip)
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -76,8 +77,6 @@ def assert_same_dataset(a, b):
 # ---------------------------------------------------------------------------- built-in default
 
 def test_digits_is_builtin_with_the_documented_split_and_normalisation():
-    from tests.unit.test_data_digits import stdlib_table   # the file parsed independently (csv + gzip)
-
     ds = load_dataset("digits")
     assert (ds.num_train, ds.num_test, ds.input_shape, ds.num_classes) == (1437, 360, (1, 8, 8), 10)
     assert ds.train_x.dtype == np.float32 and ds.train_y.dtype == np.int64
