@@ -24,12 +24,11 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["ssdmpi", "ssdmpi.*"]),
-    package_data={"ssdmpi": ["presets/*.yaml"]},
+    package_data={"ssdmpi": ["presets/*.yaml", "data/digits.csv.gz", "data/digits.LICENSE.txt"]},
     install_requires=[
         "numpy>=1.24",
         "mpi4py>=4",
         "h5py>=3.8",
-        "scikit-learn>=1.2",   # ships the built-in default dataset (digits) inside its wheel
         "PyYAML>=6",
         "tqdm>=4.60",
     ],

@@ -15,8 +15,7 @@ import sys
 
 from ssdmpi.comm.transport import TRANSPORTS, cuda_aware_verdict
 
-DEPENDENCIES = ("numpy", "mpi4py", "h5py", "mpich", "cupy-cuda12x", "scikit-learn", "PyYAML", "tqdm", "matplotlib",
-                "torch")
+DEPENDENCIES = ("numpy", "mpi4py", "h5py", "mpich", "cupy-cuda12x", "PyYAML", "tqdm", "matplotlib", "torch")
 
 
 def add_arguments(parser) -> None:

@@ -2,13 +2,16 @@
 
 Each module provides ``add_arguments(parser)`` and ``run(args) -> int``, like the
 top-level subcommands. Benchmarks print ratios measured side by side in one run.
-Shared helpers: ``launch.py`` (mpiexec, the throttled network, relaunching under MPI) and
-``stats.py``. Measured results and how they were obtained: ``BENCHMARKS.md``.
+Shared helpers: ``flags.py`` (one spelling per concept across the subcommands, and the
+deprecated old spellings), ``launch.py`` (mpiexec, the throttled network, relaunching under
+MPI) and ``stats.py``. Measured results and how they were obtained: ``BENCHMARKS.md``.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from ssdmpi.bench.flags import Formatter
 
 KINDS = {
     "engine": "one training step of ssdmpi's engine vs PyTorch, single-threaded",
@@ -24,7 +27,7 @@ def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="bench_kind", metavar="KIND", parser_class=type(parser))
     sub.required = True
     for kind, help_text in KINDS.items():
-        p = sub.add_parser(kind, help=help_text, description=help_text)
+        p = sub.add_parser(kind, help=help_text, description=help_text, formatter_class=Formatter)
         module = importlib.import_module(f"ssdmpi.bench.{kind}")
         module.add_arguments(p)
         p.set_defaults(bench_run=module.run)

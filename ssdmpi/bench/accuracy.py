@@ -61,7 +61,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", default="mlp,lenet5", metavar="M1,M2",
                         help="models (mlp = 784-256-10, lenet5; default mlp,lenet5)")
     parser.add_argument("--ranks", default="2,4", metavar="N1,N2", help="simulated workers N (default 2,4)")
-    parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="k values (default 2,5,10)")
+    parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="delays/periods k (default 2,5,10)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="V1,V2",
                         help=f"variants, from {', '.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default fashion-mnist)")

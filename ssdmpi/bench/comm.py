@@ -1,6 +1,6 @@
 """``ssdmpi bench comm``: the Communicator against raw mpi4py, and overlap per progress strategy.
 
-Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K 64K 4M ...] [--repeats N] [--json]``.
+Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K,64K,4M] [--repeats N] [--json FILE|-]``.
 
 (a) **bandwidth**: on the same float32 buffer, interleaved in rotating order with a barrier
     before each sample, ``raw`` = ``comm.Allreduce(IN_PLACE, buf, SUM)``; ``sum`` =
@@ -27,31 +27,35 @@ from __future__ import annotations
 import json
 import time
 
+from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.bench.stats import median
 from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
+PARTS = ("bandwidth", "overlap")
+STRATEGIES = ("blocking", "test", "thread")
 
 
 def _sizes(texts, flag: str = "--sizes") -> list:
     """Bytes of each size; each must hold at least one float32 (4 bytes)."""
-    return parse_list(texts, flag, "size", minimum=4, example="64K 4M")
+    return parse_list(texts, flag, "size", minimum=4, example="64K,4M")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), metavar="SIZE",
-                        help="buffer sizes for the bandwidth part (default: 1K to 64M by 4x)")
+    parser.add_argument("--sizes", action=CommaList, default=",".join(DEFAULT_SIZES), metavar="S1,S2",
+                        help="buffer sizes for the bandwidth part, e.g. 64K,4M (default: 1K to 64M by 4x)")
     parser.add_argument("--repeats", type=int, default=15, help="samples per variant and size (default 15)")
-    parser.add_argument("--parts", nargs="+", choices=("bandwidth", "overlap"), default=["bandwidth", "overlap"],
-                        help="which parts to run (default: both)")
-    parser.add_argument("--overlap-size", default="16M", help="buffer size for the overlap part (default 16M)")
+    parser.add_argument("--parts", action=CommaList, default=",".join(PARTS), metavar="P1,P2",
+                        help=f"which parts to run, from {','.join(PARTS)} (default: both)")
+    parser.add_argument("--overlap-size", default="16M", metavar="SIZE",
+                        help="buffer size for the overlap part (default 16M)")
     parser.add_argument("--compute-ratio", type=float, default=1.2,
                         help="compute time as a multiple of the allreduce time in the overlap part (default 1.2)")
     parser.add_argument("--pieces", type=int, default=10,
                         help="the compute is cut into this many pieces with progress() between them (default 10)")
-    parser.add_argument("--strategies", nargs="+", choices=("blocking", "test", "thread"),
-                        default=["blocking", "test", "thread"], help="progress strategies to compare")
-    parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    parser.add_argument("--strategies", action=CommaList, default=",".join(STRATEGIES), metavar="S1,S2",
+                        help=f"progress strategies to compare, from {','.join(STRATEGIES)} (default: all three)")
+    add_json(parser, "the result (one document)", legacy_switch=True)
 
 
 def bandwidth(world, sizes, repeats: int) -> list:
@@ -224,18 +228,20 @@ def run(args) -> int:
     if args.repeats < 1 or args.pieces < 1:
         raise UserError("--repeats and --pieces must be at least 1")
     sizes = _sizes(args.sizes)
+    parts = parse_choices(args.parts, "--parts", PARTS)
+    strategies = parse_choices(args.strategies, "--strategies", STRATEGIES)
     world = MPI.COMM_WORLD
     result = {"ranks": world.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0].strip()}
-    if world.Get_size() < 2 and world.Get_rank() == 0 and not args.json:
+    if world.Get_size() < 2 and world.Get_rank() == 0 and args.json != "-":
         print("note: one rank measures no communication; run under mpiexec -n 2")
-    if "bandwidth" in args.parts:
+    if "bandwidth" in parts:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
-    if "overlap" in args.parts:
+    if "overlap" in parts:
         size = _sizes([args.overlap_size], "--overlap-size")[0]
-        result["overlap"] = overlap(world, size, args.repeats, list(args.strategies), args.compute_ratio, args.pieces)
+        result["overlap"] = overlap(world, size, args.repeats, strategies, args.compute_ratio, args.pieces)
     if world.Get_rank() == 0:
         if args.json:
-            print(json.dumps(result, indent=1))
-        else:
+            emit_json(args.json, json.dumps(result, indent=1))
+        if args.json != "-":
             _print_tables(result)
     return 0

@@ -23,6 +23,7 @@ import json
 import os
 import time
 
+from ssdmpi.bench.flags import add_json, deprecated_alias, emit_json
 from ssdmpi.bench.stats import median
 
 # model -> (input shape, options, default batch, target ratio ssdmpi/torch)
@@ -39,14 +40,15 @@ LR = 0.01
 def add_arguments(parser) -> None:
     parser.add_argument("--model", choices=sorted(SETUPS), default="mlp",
                         help="mlp (784-512-512-10), lenet5 (28x28x1) or resnet20 (32x32x3); default mlp")
-    parser.add_argument("--batch", type=int, default=None,
-                        help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
+    batch = parser.add_argument("--batch-size", type=int, default=None,
+                                help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
+    deprecated_alias(parser, "--batch", batch)
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed steps per engine (default: 30 mlp/lenet5, 7 resnet20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first (default 2)")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory step")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_json(parser, "the result (one object)", legacy_switch=True)
 
 
 def _limit_threads():
@@ -76,7 +78,7 @@ def measure(model_name: str, batch: int | None = None, repeats: int | None = Non
     batch = default_batch if batch is None else int(batch)
     repeats = (7 if model_name == "resnet20" else 30) if repeats is None else int(repeats)
     if batch < 1 or repeats < 1 or warmup < 0:
-        raise UserError("--batch and --repeats must be at least 1, --warmup at least 0")
+        raise UserError("--batch-size and --repeats must be at least 1, --warmup at least 0")
     ok, why = torch_available()
     if not ok:
         raise UserError(f"bench engine compares against PyTorch, which is missing: {why}; "
@@ -183,10 +185,10 @@ def _fmt_ms(s: float) -> str:
 
 
 def run(args) -> int:
-    result = measure(args.model, args.batch, args.repeats, args.warmup, memory=not args.no_memory)
+    result = measure(args.model, args.batch_size, args.repeats, args.warmup, memory=not args.no_memory)
     if args.json:
-        print(json.dumps(result, sort_keys=True))
-    else:
+        emit_json(args.json, json.dumps(result, sort_keys=True))
+    if args.json != "-":
         opts = ", ".join(f"{k}={v}" for k, v in result["options"].items())
         print(f"engine benchmark: {result['model']}{' (' + opts + ')' if opts else ''}, input "
               f"{'x'.join(map(str, result['input_shape']))}, {result['num_params']:,} parameters, "

@@ -48,9 +48,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmpi.bench.flags import deprecated_alias
 from ssdmpi.bench.launch import NETNS, ROOT, check_network, mpiexec
 from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
+from ssdmpi.parsing import parse_list
 
 # (column key, header) in table order.
 COLUMNS = (
@@ -302,14 +304,8 @@ def _write_new(path: Path, text: str) -> None:
 
 # ----------------------------------------------------------------------------- command
 
-def _ks(text: str) -> list:
-    try:
-        ks = [int(k) for k in text.split(",") if k.strip()]
-    except ValueError:
-        ks = []
-    if not ks or any(k < 1 for k in ks):
-        raise UserError(f"--k must be comma-separated positive integers like 2,5,10; got {text!r}")
-    return ks
+def _delays(text: str) -> list:
+    return parse_list(text, "--delays", int, minimum=1, example="2,5,10")
 
 
 def add_arguments(parser) -> None:
@@ -319,7 +315,9 @@ def add_arguments(parser) -> None:
                         help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
                              "'none': shared memory, no namespace (default 1gbit)")
     parser.add_argument("--ranks", type=int, default=2, help="MPI ranks per run (default 2)")
-    parser.add_argument("--k", default="5", metavar="K1,K2", help="delays/periods for the default variants (default 5)")
+    delays = parser.add_argument("--delays", default="5", metavar="K1,K2",
+                                 help="delays/periods k for the default variants (default 5)")
+    deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
                              "ssd:step:K, localsgd:K")
@@ -337,7 +335,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
     parser.add_argument("--train-args", default="", metavar="'FLAGS'",
                         help="more 'ssdmpi train' flags for every run, quoted, e.g. '--log-every 5'")
-    parser.add_argument("--repeats", type=int, default=1, help="repeat the variant list R times, interleaved")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="repeat the variant list R times, interleaved (default 1)")
     parser.add_argument("--target-drop", type=float, default=0.5, metavar="POINTS",
                         help="target accuracy = ssgd's final minus this many points (default 0.5)")
     parser.add_argument("--timeout", type=float, default=3600, metavar="SEC", help="per run (default 3600)")
@@ -362,7 +361,10 @@ def _validate(args) -> list:
         shlex.split(args.train_args or "")
     except ValueError as exc:
         raise UserError(f"--train-args: {exc}") from None
-    variants = [parse_variant(v) for v in args.variants.split(",")] if args.variants else default_variants(_ks(args.k))
+    if args.variants:
+        variants = [parse_variant(v) for v in args.variants.split(",")]
+    else:
+        variants = default_variants(_delays(args.delays))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise UserError(f"--variants lists a variant twice: {', '.join(names)}")

@@ -53,8 +53,8 @@ def sources() -> list[dict]:
     for name in datasets.DATASETS:
         looked = datasets.search_paths(name)
         if name == "digits":
-            found = looked[0] if datasets._digits_file() else None
-            note = "built in (scikit-learn); the default"
+            found = looked[0] if os.path.isfile(looked[0]) else None
+            note = "built in (shipped with ssdmpi, works offline); the default"
         elif name == "synthetic":
             found, note = "generated", "seeded, any shape; options via -o"
         elif name == "hdf5":

@@ -5,7 +5,7 @@ Names (``DATASETS``) and where each is looked for when no ``path`` is given:
 =============== ====================================================== =========================
 name            source                                                 looked for in (first hit)
 =============== ====================================================== =========================
-digits          scikit-learn's 8x8 digits (in its wheel; the default)   the installed scikit-learn
+digits          8x8 UCI digits, shipped in ssdmpi (the default)         ssdmpi/data/digits.csv.gz
 fashion-mnist   IDX files ``train-images-idx3-ubyte[.gz]`` etc.         $SSDMPI_DATA/fashion-mnist,
                                                                         ./data/fashion-mnist,
                                                                         /usr/share/datasets/fashion-mnist
@@ -15,8 +15,9 @@ hdf5            the layout of ``ssdmpi/data/hdf5.py`` (``path`` needed)  ``path`
 synthetic       seeded Gaussian classes (options below)                generated
 =============== ====================================================== =========================
 
-``digits`` split: the first 1,437 samples train, the last 360 test (scikit-learn's
-order, fixed, no shuffling). ``fashion-mnist``/``mnist``: 60,000/10,000, ``cifar10``
+``digits`` split: the first 1,437 samples train, the last 360 test (the file's
+order, the same as scikit-learn's ``load_digits``; fixed, no shuffling; see
+``ssdmpi/data/digits.py``). ``fashion-mnist``/``mnist``: 60,000/10,000, ``cifar10``
 50,000/10,000, 10 classes each.
 
 ``synthetic`` options: ``num_train`` (default 4096), ``num_test`` (1024),
@@ -45,7 +46,6 @@ are shared between callers and therefore read-only; copy before modifying.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 
 import numpy as np
@@ -143,7 +143,8 @@ def search_paths(name: str) -> list[str]:
     """Where ``name`` is looked for when no path is given (empty for generated/built-in ones)."""
     name = canonical_name(name)
     if name == "digits":
-        return [_digits_file() or "scikit-learn (not installed)"]
+        from ssdmpi.data.digits import DIGITS_FILE
+        return [DIGITS_FILE]
     if name not in _SUBDIR:
         return []
     return [os.path.join(root, _SUBDIR[name]) for root in data_roots()]
@@ -181,30 +182,13 @@ def how_to_get(name: str) -> str:
 
 # ----------------------------------------------------------------------------- readers
 
-def _digits_file() -> str | None:
-    """scikit-learn's digits.csv.gz, found without importing scikit-learn (slow to import)."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz")
-    return path if os.path.isfile(path) else None
-
-
 def _read_digits() -> RawSplits:
-    path = _digits_file()
-    if path is not None:
-        table = np.loadtxt(path, delimiter=",", dtype=np.float32)
-        pixels, labels = table[:, :-1], table[:, -1].astype(np.int64)
-    else:
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError:
-            raise UserError("the built-in 'digits' dataset needs scikit-learn (pip install scikit-learn)") from None
-        bunch = load_digits()
-        pixels, labels, path = bunch.data.astype(np.float32), bunch.target.astype(np.int64), "sklearn.datasets"
+    from ssdmpi.data.digits import DIGITS_FILE, read_digits
+    data, target = read_digits()
+    pixels, labels = data.astype(np.float32), target
     images = (pixels / np.float32(16.0)).reshape(-1, 1, 8, 8)   # digits pixels are 0..16
     return RawSplits("digits", images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], images[DIGITS_TRAIN:],
-                     labels[DIGITS_TRAIN:], 10, path)
+                     labels[DIGITS_TRAIN:], 10, DIGITS_FILE)
 
 
 def _parse_shape(value) -> tuple:

@@ -244,7 +244,7 @@ def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, tra
 def test_bench_job_leaves_tables_in_its_run_directory(slurm_cluster, trainer, tmp_path):
     """engine (if PyTorch, its peer, is installed), comm, model and train, each with tiny settings."""
     env = {"BENCHES": "comm model train",
-           "BENCH_COMM_ARGS": "--sizes 1K 64K --repeats 3 --overlap-size 64K",
+           "BENCH_COMM_ARGS": "--sizes 1K,64K --repeats 3 --overlap-size 64K",
            "BENCH_MODEL_ARGS": "--net none --model mlp --batch-size 16 --fit-sizes 0.1,0.4 --check-sizes 0.2 "
                                "--patterns ssgd,step",
            "BENCH_TRAIN_ARGS": "--net none --variants ssgd,ssd:step:2 --dataset digits --model mlp --steps 40 "

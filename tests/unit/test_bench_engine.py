@@ -37,7 +37,7 @@ def test_measure_reports_medians_ratio_and_memory(model):
 
 @needs_torch
 def test_cli_text_report(cli):
-    result = cli(["bench", "engine", "--model", "mlp", "--batch", "4", "--repeats", "1", "--warmup", "0"],
+    result = cli(["bench", "engine", "--model", "mlp", "--batch-size", "4", "--repeats", "1", "--warmup", "0"],
                  timeout=300)
     assert result.returncode == 0, result.stderr
     for needle in ("engine benchmark: mlp", "ssdmpi  median", "torch   median", "ratio ssdmpi/torch",
@@ -49,15 +49,15 @@ def test_cli_text_report(cli):
 def test_json_flag_prints_one_object(capsys):
     from ssdmpi.cli import build_parser
 
-    args = build_parser().parse_args(["bench", "engine", "--model", "lenet5", "--batch", "2", "--repeats", "1",
-                                      "--warmup", "0", "--no-memory", "--json"])
+    args = build_parser().parse_args(["bench", "engine", "--model", "lenet5", "--batch-size", "2", "--repeats", "1",
+                                      "--warmup", "0", "--no-memory", "--json", "-"])
     assert args.run(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == "lenet5" and report["batch"] == 2
 
 
 def test_bad_arguments_exit_2(cli):
-    result = cli(["bench", "engine", "--model", "mlp", "--batch", "0"], timeout=300)
+    result = cli(["bench", "engine", "--model", "mlp", "--batch-size", "0"], timeout=300)
     assert result.returncode == 2 and "must be at least 1" in result.stderr
     result = cli(["bench", "engine", "--model", "vgg"], timeout=300)
     assert result.returncode == 2 and "invalid choice" in result.stderr

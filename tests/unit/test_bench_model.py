@@ -167,7 +167,7 @@ def test_a_real_two_rank_run_on_shared_memory(tmp_path):
     out = tmp_path / "model.json"
     result = run_cli(["bench", "model", "--net", "none", "--model", "mlp", "--batch-size", "16",
                       "--fit-sizes", "0.05,0.2", "--check-sizes", "0.1", "--patterns", "ssgd,period:2",
-                      "--steps", "4", "--reps", "2", "--plan-ranks", "2,4", "--plan-gbits", "10",
+                      "--steps", "4", "--allreduce-repeats", "2", "--plan-ranks", "2,4", "--plan-gbits", "10",
                       "--json", str(out)], timeout=240)
     assert result.returncode == 0, result.stderr
     assert "| ssd period k=2 |" in result.stdout and "held out (model size)" in result.stdout

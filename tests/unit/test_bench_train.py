@@ -181,7 +181,7 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     (["--variants", "ssd:sometimes:5"], "--variants"),
     (["--variants", "ssd:period:0"], "--variants"),
     (["--variants", "ssgd,ssgd"], "twice"),
-    (["--k", "5,x"], "--k"),
+    (["--delays", "5,x"], "--delays"),
     (["--ranks", "0"], "--ranks"),
     (["--repeats", "0"], "--repeats"),
     (["--net", "fast"], "--net"),

@@ -6,11 +6,13 @@ import math
 from tests.conftest import run_cli
 
 
-def test_bench_comm_json_at_two_ranks():
-    proc = run_cli(["bench", "comm", "--sizes", "4K", "256K", "--repeats", "3", "--overlap-size", "256K",
-                    "--json"], ranks=2, timeout=240)
+def test_bench_comm_json_at_two_ranks(tmp_path):
+    out = tmp_path / "comm.json"
+    proc = run_cli(["bench", "comm", "--sizes", "4K,256K", "--repeats", "3", "--overlap-size", "256K",
+                    "--json", str(out)], ranks=2, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    assert "(a) allreduce" in proc.stdout and "(b) overlap" in proc.stdout   # the tables, and the file
+    result = json.loads(out.read_text())
     assert result["ranks"] == 2
     assert [row["bytes"] for row in result["bandwidth"]] == [4096, 256 << 10]
     for row in result["bandwidth"]:

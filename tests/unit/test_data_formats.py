@@ -14,6 +14,7 @@ import pytest
 
 from ssdmpi.data import cifar, datasets, idx, load_dataset
 from tests.conftest import run_cli
+from tests.unit.test_data_digits import stdlib_table  # the digits file parsed independently (csv + gzip)
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -76,19 +77,18 @@ def assert_same_dataset(a, b):
 # ---------------------------------------------------------------------------- built-in default
 
 def test_digits_is_builtin_with_the_documented_split_and_normalisation():
-    from sklearn.datasets import load_digits
-
     ds = load_dataset("digits")
     assert (ds.num_train, ds.num_test, ds.input_shape, ds.num_classes) == (1437, 360, (1, 8, 8), 10)
     assert ds.train_x.dtype == np.float32 and ds.train_y.dtype == np.int64
-    ref = load_digits()
-    want_train, want_test = expected_normalised(ref.images[:1437, None] / 16.0, ref.images[1437:, None] / 16.0)
+    table = np.array(stdlib_table())
+    images, target = table[:, :-1].reshape(-1, 1, 8, 8) / 16.0, table[:, -1]
+    want_train, want_test = expected_normalised(images[:1437], images[1437:])
     np.testing.assert_allclose(ds.train_x, want_train, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ds.test_x, want_test, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(ds.train_y, ref.target[:1437])
-    np.testing.assert_array_equal(ds.test_y, ref.target[1437:])
+    np.testing.assert_array_equal(ds.train_y, target[:1437])
+    np.testing.assert_array_equal(ds.test_y, target[1437:])
     # Dataset.mean/std undo the normalisation back to [0, 1] pixels.
-    np.testing.assert_allclose(ds.train_x * ds.std[0] + ds.mean[0], ref.images[:1437, None] / 16.0, atol=1e-5)
+    np.testing.assert_allclose(ds.train_x * ds.std[0] + ds.mean[0], images[:1437], atol=1e-5)
 
 
 def test_datasets_are_cached_and_read_only():

@@ -1,17 +1,21 @@
 """The optimizers of ALGORITHM.md sections 3 and 4 against independent oracles.
 
-- the global update against PyTorch's SGD (momentum, weight decay on the decay group only);
+- the global update against PyTorch's SGD (momentum, weight decay on the decay group only;
+  skipped without torch), against one step computed by hand and against the closed form of
+  momentum SGD with a constant gradient (both without torch);
 - the local updates against the spec's formulas written literally in float64
-  (another rounding order, so allclose, not bitwise).
+  (another rounding order, so allclose, not bitwise);
+- no update allocates a buffer of the weights' size per step (tracemalloc, which NumPy
+  reports its array allocations to).
 """
+
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from ssdmpi import backend
 from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, PlainLocalSGD, make_local_update
-
-torch = pytest.importorskip("torch")
 
 N_PARAMS = 50
 
@@ -27,6 +31,7 @@ def problem(seed=0):
 @pytest.mark.parametrize("mu,lam", [(0.9, 1e-4), (0.0, 0.0), (0.5, 0.1)])
 def test_global_update_equals_pytorch_sgd(mu, lam):
     """Section 3 with constant eta == torch.optim.SGD(momentum=mu) with weight decay on the mask group."""
+    torch = pytest.importorskip("torch", reason="PyTorch is this test's oracle (pip install torch==2.13.0)")
     W, mask, grads = problem()
     lr = 0.1
     M = np.zeros_like(W)
@@ -55,6 +60,21 @@ def test_global_update_one_step_by_hand():
     expected_M = np.array([0.45 - 0.5 * (0.01 + 0.1), -0.5 * 0.2, 0.9 - 0.5 * (-0.01 + 0.3)])
     np.testing.assert_allclose(M, expected_M, rtol=1e-15)
     np.testing.assert_allclose(W, np.array([1.0, 2.0, -1.0]) + expected_M, rtol=1e-15)
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.9])
+def test_global_update_with_a_constant_gradient_follows_the_closed_form(mu):
+    """lam = 0, constant G and eta: M_t = -eta*G*(1 - mu^t)/(1 - mu), W_t = W_0 + M_1 + ... + M_t."""
+    W0, mask, grads = problem(7)
+    G, lr, steps = grads[0], 0.05, 20
+    W, M = W0.copy(), np.zeros(N_PARAMS)
+    opt = MomentumSGD(mu, 0.0, mask)
+    for _ in range(steps):
+        opt.step(W, M, G, lr)
+    t = np.arange(1, steps + 1)
+    factors = (1 - mu ** t) / (1 - mu)                  # M_t = -lr * G * factors[t-1]
+    np.testing.assert_allclose(M, -lr * G * factors[-1], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(W, W0 - lr * G * factors.sum(), rtol=1e-12, atol=1e-14)
 
 
 def test_global_momentum_local_update_is_section_4b():
@@ -126,17 +146,59 @@ def test_make_local_update_rejects_unknown_names():
                           glu_divisor=12.0, decay_mask=mask)
 
 
-def test_updates_allocate_nothing_per_step_and_keep_dtype():
-    """float32 in, float32 out, in place (hot path)."""
-    W, mask, grads = problem(5)
-    W32, M32, mask32 = W.astype(np.float32), np.zeros(N_PARAMS, np.float32), mask.astype(np.float32)
-    g32 = grads[0].astype(np.float32)
-    before = W32.ctypes.data
-    MomentumSGD(0.9, 1e-4, mask32).step(W32, M32, g32, 0.1)
-    glu = GLUPaper(2, 2, 12.0, 1e-4, mask32)
-    glu.begin(W32)
-    glu.step(W32, g32, 0, 0.1)
-    assert W32.dtype == np.float32 and M32.dtype == np.float32 and W32.ctypes.data == before
+ALLOC_PARAMS = 1 << 18          # float32: 1 MiB per buffer, far above the interpreter's own allocations
+
+
+def traced_peak(fn) -> int:
+    """Peak bytes allocated (tracemalloc) while ``fn()`` runs, above what was allocated before."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def hot_path_steps():
+    """name -> a zero-argument step of each update on float32 buffers of ALLOC_PARAMS (state kept across calls)."""
+    rng = np.random.default_rng(5)
+    W, M, g = (rng.standard_normal(ALLOC_PARAMS, dtype=np.float32) for _ in range(3))
+    mask = (rng.random(ALLOC_PARAMS) < 0.7).astype(np.float32)
+    sgd = MomentumSGD(0.9, 1e-4, mask)
+    local = {"global-momentum": GlobalMomentumLocal(M, 0.9, 1e-4, mask), "sgd": PlainLocalSGD(2, 1e-4, mask),
+             "glu-paper": GLUPaper(2, 2, 12.0, 1e-4, mask)}
+    local["glu-paper"].begin(W)
+    counter = iter(range(10**6))       # m: GLU alternates snapshot and non-snapshot steps
+    steps = {"momentum-sgd": lambda: sgd.step(W, M, g, 0.1)}
+    for name, upd in local.items():
+        steps[name] = lambda upd=upd: upd.step(W, g, next(counter), 0.1)
+    return steps
+
+
+@pytest.mark.parametrize("name", ["momentum-sgd", "global-momentum", "glu-paper", "sgd"])
+def test_a_step_allocates_no_buffer_of_the_weights_size(name):
+    """The hot path works in place in scratch buffers allocated once (float32, as in training)."""
+    step = hot_path_steps()[name]
+    step()                                           # warm-up: anything lazily set up on first use
+    peak = max(traced_peak(step) for _ in range(2))  # GLU: a snapshot step and a plain one
+    assert peak < ALLOC_PARAMS * 4 // 8, f"{name}: {peak} bytes allocated during one step"
+
+
+def test_the_allocation_check_sees_one_temporary(monkeypatch):
+    """The check above can fail: a step with one float32 temporary of the weights' size is caught."""
+    def allocating_step(self, W, M, G, lr):
+        tmp = W * self._decay                        # a new array, as a careless rewrite would make
+        tmp += G
+        tmp *= lr
+        M *= self.mu
+        M -= tmp
+        W += M
+
+    monkeypatch.setattr(MomentumSGD, "step", allocating_step)
+    step = hot_path_steps()["momentum-sgd"]
+    step()
+    assert traced_peak(step) >= ALLOC_PARAMS * 4
 
 
 def test_cupy_matches_numpy():

@@ -9,10 +9,10 @@ under your own launcher: ``bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2 ssdmpi 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from ssdmpi.bench import launch
+from ssdmpi.bench.flags import add_json, deprecated_alias, emit_json
 from ssdmpi.bench.model.alphabeta import analyse, parse_pattern
 from ssdmpi.bench.model.measure import measure, sizes_mb
 from ssdmpi.bench.model.report import report
@@ -26,24 +26,39 @@ def add_arguments(parser) -> None:
                              "(shared memory); when not already under mpiexec, the command relaunches "
                              "itself there (default 1gbit)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks when relaunching itself (default 2)")
-    parser.add_argument("--model", default="wide-mlp", help="model whose step and gradient are measured")
+    parser.add_argument("--model", default="wide-mlp",
+                        help="model whose step and gradient are measured (default wide-mlp)")
     parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
-    parser.add_argument("--fit-sizes", default="4,16,64", metavar="MB,...", help="allreduce sizes the fit uses")
-    parser.add_argument("--check-sizes", default="2,8,32", metavar="MB,...",
-                        help="held-out allreduce sizes (the model's gradient size is always added)")
+    parser.add_argument("--fit-sizes", default="4,16,64", metavar="MB1,MB2",
+                        help="allreduce sizes the fit uses, in MB (default 4,16,64)")
+    parser.add_argument("--check-sizes", default="2,8,32", metavar="MB1,MB2",
+                        help="held-out allreduce sizes, in MB (default 2,8,32; the model's gradient size is "
+                             "always added)")
     parser.add_argument("--patterns", default="ssgd,step,period:2,period:5,period:10,localsgd:5",
-                        metavar="P,...", help="step loops to measure: ssgd, step, period:K, localsgd:K")
-    parser.add_argument("--steps", type=int, default=6, help="measured steps per loop (at least 2 periods)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions per allreduce size (median)")
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats of the step loops (median)")
-    parser.add_argument("--progress", default="auto", help="allreduce progress strategy (see ssdmpi train)")
-    parser.add_argument("--plan-ranks", default="2,4,8,16,32", metavar="N,...")
-    parser.add_argument("--plan-gbits", default="1,10,25,100", metavar="G,...", help="link bandwidths, Gbit/s")
-    parser.add_argument("--plan-k", type=int, default=5, help="k of the planning table (default 5)")
-    parser.add_argument("--plan-compute-ms", type=float, default=None, help="compute per step for planning")
-    parser.add_argument("--plan-efficiency", type=float, default=None, help="link efficiency (0, 1] for planning")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="also write measurements and predictions as JSON")
+                        metavar="P1,P2", help="step loops to measure: ssgd, step, period:K, localsgd:K")
+    parser.add_argument("--steps", type=int, default=6, help="measured steps per loop (at least 2 periods; default 6)")
+    reps = parser.add_argument("--allreduce-repeats", type=int, default=3,
+                               help="repetitions per allreduce size, median (default 3)")
+    deprecated_alias(parser, "--reps", reps)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="interleaved repeats of the step loops, median (default 1)")
+    parser.add_argument("--progress", default="auto",
+                        help="allreduce progress strategy (see ssdmpi train; default auto)")
+    parser.add_argument("--plan-ranks", default="2,4,8,16,32", metavar="N1,N2",
+                        help="rank counts of the planning table (default 2,4,8,16,32)")
+    parser.add_argument("--plan-gbits", default="1,10,25,100", metavar="G1,G2",
+                        help="link bandwidths of the planning table, Gbit/s (default 1,10,25,100)")
+    plan_delay = parser.add_argument("--plan-delay", type=int, default=5, metavar="K",
+                                     help="period k of the planning table (default 5)")
+    deprecated_alias(parser, "--plan-k", plan_delay)
+    parser.add_argument("--plan-compute-ms", type=float, default=None,
+                        help="compute per step for planning (default: the measured one)")
+    parser.add_argument("--plan-efficiency", type=float, default=None,
+                        help="link efficiency (0, 1] for planning (default: from the fit at --net's rate, "
+                             "0.9 with --net none)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the model's initial weights and the random batches (default 0)")
+    add_json(parser, "the measurements and predictions")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds, when relaunching (default 1800)")
 
 
@@ -56,7 +71,7 @@ def _plan_gbits(text: str) -> list:
 
 
 def _validate(args) -> None:
-    for name in ("ranks", "batch_size", "steps", "reps", "repeats", "plan_k"):
+    for name in ("ranks", "batch_size", "steps", "allreduce_repeats", "repeats", "plan_delay"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.ranks < 2:
@@ -96,12 +111,10 @@ def run(args) -> int:
         result = analyse(measured, rate_bps=launch.parse_rate(args.net), efficiency=args.plan_efficiency,
                          plan_ranks=_plan_ranks(args.plan_ranks), plan_gbits=_plan_gbits(args.plan_gbits),
                          plan_compute_s=None if args.plan_compute_ms is None else args.plan_compute_ms / 1e3,
-                         plan_k=args.plan_k)
-        print(report(measured, result, args.net), end="", flush=True)
+                         plan_k=args.plan_delay)
+        if args.json != "-":
+            print(report(measured, result, args.net), end="", flush=True)
         if args.json:
-            tmp = f"{args.json}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump({"net": args.net, "progress": args.progress, "measured": measured, "model": result}, f,
-                          indent=2)
-            os.replace(tmp, args.json)
+            emit_json(args.json, json.dumps({"net": args.net, "progress": args.progress, "measured": measured,
+                                             "model": result}, indent=2))
     return 0

@@ -3,7 +3,7 @@
 What it measures (all ranks together, rank 0 prints; ``--ranks`` >= 2, default 2):
 
 1. allreduce time vs size on this network (the Communicator's blocking allreduce of a
-   float32 buffer; median of ``--reps``), at the ``--fit-sizes`` and at the held-out
+   float32 buffer; median of ``--allreduce-repeats``), at the ``--fit-sizes`` and at the held-out
    ``--check-sizes`` plus the model's own gradient size;
 2. step loops of the real model (``--model``, random batches of ``--batch-size``): the
    same step (forward, backward, an SGD update of the flat weights) with no communication
@@ -154,7 +154,7 @@ def measure(args, comm, log) -> dict:
     check_bytes = [int(s * MB) for s in sizes_mb(args.check_sizes, "--check-sizes")] + [grad_bytes]
     allreduce = {}
     for nbytes in fit_bytes + check_bytes:
-        allreduce[nbytes] = _time_allreduce(comm, nbytes, args.reps)
+        allreduce[nbytes] = _time_allreduce(comm, nbytes, args.allreduce_repeats)
         log(f"allreduce {nbytes / MB:8.2f} MB: {allreduce[nbytes] * 1e3:9.2f} ms")
 
     patterns = [Pattern("none")] + [parse_pattern(p) for p in args.patterns.split(",")]
