@@ -30,7 +30,10 @@ import numpy as np
 
 from ssdmpi import backend
 
-BLOCK_BYTES = 256 * 1024   # per buffer and block; measured best of 16-512 KiB (fused_bench --sweep)
+# Per buffer and block (64 K float32 elements). Measured (fused_bench --sweep, 20 M float32, one thread):
+# 256-512 KiB fastest; below ~128 KiB the ~1 us per ufunc call dominates. A block's working set
+# (3-5 such blocks) then sits in L2/L3 instead of streaming from memory once per operation.
+BLOCK_BYTES = 256 * 1024
 
 # name -> (in_params, out_params, body) of the GPU kernels, each line the same op sequence as the
 # NumPy loop of the same name below. In-place buffers are out params (read, then written).

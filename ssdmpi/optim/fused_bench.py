@@ -144,7 +144,7 @@ def bench(repeats: int) -> None:
         print(_row(name, *times), flush=True)
 
 
-def sweep(repeats: int, sizes_kib=(16, 32, 64, 128, 256, 512)) -> None:
+def sweep(repeats: int, sizes_kib=(16, 32, 64, 128, 256, 512, 1024)) -> None:
     """Median time of each fused update at each block size (sizes interleaved within a repeat)."""
     mask = wide_mlp_mask()
     per = {kib: cases(mask, kib * 1024) for kib in sizes_kib}
