@@ -130,6 +130,21 @@ def pinned_empty(shape, dtype=np.float32) -> np.ndarray:
     return np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
 
 
+# nvcc/NVRTC contract a*b + c into one FMA by default (one rounding where NumPy rounds twice):
+# fused kernels are compiled without it, and with IEEE division, so they give the NumPy bits.
+ELEMENTWISE_OPTIONS = ("--fmad=false", "--prec-div=true")
+
+
+def elementwise(name: str, in_params: str, out_params: str, body: str):
+    """A CuPy ``ElementwiseKernel`` (compiled on first call, ``ELEMENTWISE_OPTIONS``) when a GPU is
+    usable, else None (the caller runs its NumPy code). Outputs are passed in, nothing is returned."""
+    cupy, _ = probe_cupy()
+    if cupy is None:
+        return None
+    return cupy.ElementwiseKernel(in_params, out_params, body, name, no_return=True,
+                                  options=ELEMENTWISE_OPTIONS)
+
+
 def describe() -> dict:
     """What ``ssdmpi info`` reports about the backend: active backend and why, CuPy availability."""
     cupy, why = probe_cupy()

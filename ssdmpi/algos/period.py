@@ -155,31 +155,26 @@ class DeltaOwn(PeriodRule):
     uses_local_update = False
 
     def begin(self) -> None:
+        from ssdmpi.optim import fused  # late: the CLI parser reads PERIOD_RULES, fused imports NumPy
+
         a = self.a
         self.U = a.M.copy()
         self.S = a.L.copy()
-        self._tmp = a.xp.empty_like(a.L)
+        self._fused, self._plan = fused, fused.Plan((a.mask,), scratch=1)
 
     def step(self, g, m: int) -> None:
-        a, xp, U, tmp = self.a, self.a.xp, self.U, self._tmp
+        a = self.a
         eta = a.schedule(a.t)
-        xp.multiply(a.L, a.mask, out=tmp)          # (eta*lam*mask)*L: eta*lam*mask is exactly c or 0,
-        tmp *= eta * a.config.weight_decay         # so this rounds like c*(mask*L)
-        U *= a.config.momentum
-        U -= tmp
-        xp.multiply(g, eta, out=tmp)
-        U -= tmp
-        a.L += U
+        # One fused pass: t = L*mask; t = t*(eta*lam); U = U*mu - t; U = U - g*eta; L = L + U.
+        # (eta*lam*mask)*L rounds like this: eta*lam*mask is exactly eta*lam or 0.
+        self._fused.delta_own_step(self._plan, self.U, a.L, g, eta * a.config.weight_decay, a.config.momentum, eta)
         if (m + 1) % a.k == 0:
             self.drain()
             changed = self._held
             self.apply_held()
             D = self._acc
-            xp.subtract(a.L, self.S, out=D)
-            if changed:
-                xp.add(a.W, D, out=a.L)
+            self._fused.delta_own_boundary(self._plan, a.W, a.L, self.S, D, changed)  # D = L-S; [L = W+D]; S = L
             self._swap_in(self._post(D))
-            self.S[...] = a.L
 
     def _apply(self, reduced) -> None:
         a = self.a

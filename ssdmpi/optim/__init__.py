@@ -3,6 +3,8 @@
 - ``MomentumSGD``: the global update ``M <- mu*M - eta*(lam*mask*W + G); W <- W + M``.
 - ``GlobalMomentumLocal``, ``GLUPaper``, ``PlainLocalSGD``: the local updates
   ``global-momentum``, ``glu-paper``, ``sgd``; ``make_local_update(name, ...)``.
+- ``fused``: each update as one pass over the buffers (NumPy in cache-sized blocks, or one
+  CuPy kernel), bitwise equal to the operation-by-operation form.
 - ``LRSchedule``: constant, step, multistep, cosine, poly, each with linear warm-up.
 """
 

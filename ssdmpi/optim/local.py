@@ -5,7 +5,9 @@ MEAN gradient over its batch (the engine's ``model.grads``, ALGORITHM.md's ``g/B
 ``m`` the local-update counter (0 at the first local update), ``lr`` the learning rate of
 this step (the caller evaluates the schedule). ``lam*mask`` is the masked weight decay
 (weights and BN gamma only), as for the global optimizer. ``begin(L)`` is called once at
-the switch, when ``L`` has just been set to ``W``. Scratch buffers are allocated once.
+the switch, when ``L`` has just been set to ``W``. Each ``step`` is one fused pass over the
+buffers (``ssdmpi/optim/fused.py``), with the operation order given in its docstring; the
+buffers are 1-D and contiguous, and ``step`` allocates nothing.
 
 | ``--local-update`` | rule |
 |---|---|
@@ -24,16 +26,19 @@ LOCAL_UPDATES = ("global-momentum", "glu-paper", "sgd")
 
 
 class LocalUpdate:
-    """Shared set-up of the rules: masked weight decay and scratch buffers; no state by default."""
+    """Shared set-up of the rules: masked weight decay and the fused-update plan; no state by default."""
 
     name = "base"
     uses_local_lr = False
 
-    def __init__(self, weight_decay: float, decay_mask, scratch: int = 2):
+    def __init__(self, weight_decay: float, decay_mask, consts=("decay",), scratch: int = 2):
+        from ssdmpi.optim import fused  # late: fused imports NumPy, and the CLI parser imports this module
+
         self.lam, self.mask = float(weight_decay), decay_mask
         self._decay = decay_mask * self.lam          # exactly lam or 0: same rounding as lam*(mask*L)
-        xp = array_module(decay_mask)
-        self._scratch = tuple(xp.empty_like(decay_mask) for _ in range(scratch))
+        arrays = {"decay": self._decay, "mask": decay_mask}
+        self._fused = fused
+        self._plan = fused.Plan(tuple(arrays[c] for c in consts), scratch)
 
     def begin(self, L) -> None:
         pass
@@ -60,14 +65,8 @@ class GlobalMomentumLocal(LocalUpdate):
         self.M, self.mu = M, float(momentum)
 
     def step(self, L, g, m: int, lr: float) -> None:
-        xp = array_module(L)
-        a, b = self._scratch
-        xp.multiply(L, self._decay, out=a)    # a = eta*(lam*mask*L + g), from the old L
-        a += g
-        a *= lr
-        xp.multiply(self.M, self.mu, out=b)
-        L += b
-        L -= a
+        """Per element: ``a = L*decay; a = a + g; a = a*lr; L = L + M*mu; L = L - a`` (``a`` from the old ``L``)."""
+        self._fused.global_momentum_local(self._plan, L, g, self.M, lr, self.mu)
 
 
 class GLUPaper(LocalUpdate):
@@ -88,7 +87,7 @@ class GLUPaper(LocalUpdate):
     uses_local_lr = True
 
     def __init__(self, world_size: int, delay: int, divisor: float, weight_decay: float, decay_mask):
-        super().__init__(weight_decay, decay_mask, scratch=3)
+        super().__init__(weight_decay, decay_mask, consts=("mask", "decay"), scratch=3)
         self.N, self.k, self.C = int(world_size), int(delay), float(divisor)
         self.P = array_module(decay_mask).zeros_like(decay_mask)
 
@@ -96,25 +95,14 @@ class GLUPaper(LocalUpdate):
         self.P[...] = L
 
     def step(self, L, g, m: int, lr: float) -> None:
-        xp = array_module(L)
-        a, b, c = self._scratch
+        """Per element, in this order (``neg = -(eta_l*f)``, Python scalars cast to the dtype)::
+
+            a = mask*(eta_l*lam); a = 1 - a; b = a*P; b = b - L; b = b/C; b = b*0.5
+            a = g/N; a = a*2; c = L*decay; a = a + c; a = a + b; a = a*neg; [P = L]; L = L + a
+        """
         snap = m % self.k == 0
         f = 1.0 if snap else 0.5
-        xp.multiply(self.mask, lr * self.lam, out=a)     # a = 1 - eta_l*lam*mask
-        xp.subtract(1, a, out=a)
-        xp.multiply(a, self.P, out=b)                     # b = 0.5*Gs
-        b -= L
-        b /= self.C
-        b *= 0.5
-        xp.divide(g, self.N, out=a)                       # a = 2*gbar
-        a *= 2
-        xp.multiply(L, self._decay, out=c)
-        a += c
-        a += b
-        a *= -(lr * f)                                    # a = Delta
-        if snap:
-            self.P[...] = L
-        L += a
+        self._fused.glu_paper(self._plan, L, g, self.P, lr * self.lam, self.C, self.N, -(lr * f), snap)
 
     def state_dict(self) -> dict:
         return {"P": self.P}
@@ -134,13 +122,8 @@ class PlainLocalSGD(LocalUpdate):
         self.N = int(world_size)
 
     def step(self, L, g, m: int, lr: float) -> None:
-        xp = array_module(L)
-        a, b = self._scratch
-        xp.multiply(L, self._decay, out=a)
-        xp.divide(g, self.N, out=b)
-        a += b
-        a *= lr
-        L -= a
+        """Per element: ``a = L*decay; b = g/N; a = a + b; a = a*lr; L = L - a``."""
+        self._fused.plain_local_sgd(self._plan, L, g, lr, self.N)
 
 
 def make_local_update(name: str, *, M, world_size: int, delay: int, momentum: float, weight_decay: float,

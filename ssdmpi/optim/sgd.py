@@ -35,22 +35,22 @@ class MomentumSGD:
     Args:
         momentum: ``mu``. weight_decay: ``lam``.
         decay_mask: flat 0/1 array (dtype and device of the weights); it is kept, not copied.
-    One scratch buffer of the weights' size is allocated once; ``step`` allocates nothing.
+    Buffers are 1-D and contiguous; ``step`` allocates nothing (its scratch is one cache-sized block).
     """
 
     def __init__(self, momentum: float, weight_decay: float, decay_mask):
         self.mu, self.lam, self.mask = float(momentum), float(weight_decay), decay_mask
         # lam*mask is exactly lam or 0, so W*(lam*mask) rounds like lam*(mask*W): one pass fewer per step.
         self._decay = decay_mask * self.lam
-        self._tmp = array_module(decay_mask).empty_like(decay_mask)
+        from ssdmpi.optim import fused  # late, like array_module: fused imports NumPy
+
+        self._plan, self._step = fused.Plan((self._decay,), scratch=1), fused.momentum_sgd
 
     def step(self, W, M, G, lr: float) -> None:
-        """One update of ``W`` and ``M`` in place with the averaged mean gradient ``G`` at rate ``lr``."""
-        xp = array_module(W)
-        tmp = self._tmp
-        xp.multiply(W, self._decay, out=tmp)
-        tmp += G
-        tmp *= lr
-        M *= self.mu
-        M -= tmp
-        W += M
+        """One update of ``W`` and ``M`` in place with the averaged mean gradient ``G`` at rate ``lr``.
+
+        One fused pass (``ssdmpi/optim/fused.py``) of, per element and in this order::
+
+            tmp = W*(lam*mask);  tmp = tmp + G;  tmp = tmp*lr;  M = M*mu;  M = M - tmp;  W = W + M
+        """
+        self._step(self._plan, W, M, G, lr, self.mu)
