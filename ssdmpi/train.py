@@ -26,8 +26,9 @@ When things happen (``t`` = iterations done, ``E`` = steps per epoch):
 * every ``--eval-every`` epochs and at the end: evaluation of the global model ``W`` (and,
   in the delay stage, of rank 0's local model ``L``) on the test split, sharded across the
   ranks, with rank 0's BatchNorm statistics;
-* at the end: ``algo.finalize()`` (``W`` gets every gradient communicated), the final
-  checkpoint, evaluation, ``summary.txt``.
+* at the end: ``algo.finalize()`` (``W`` gets every gradient communicated and the partial
+  period), evaluation, the final checkpoint (the training state before finalize, so that
+  training longer continues bit for bit, and the finalized ``W`` as its model), ``summary.txt``.
 
 Exit codes: 0 done; 2 bad input (one line); 3 diverged (a non-finite loss or weights: the
 run stops at once, keeping the last good checkpoint); 85 checkpointed on SIGUSR1/SIGTERM
@@ -350,13 +351,14 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
                                "acc": state.last_eval.get("test_acc")})
 
 
-def save(job: Job, comm, out: Reporter, reason: str) -> str:
-    """Collective: drain, then write every rank's state into one checkpoint file; return its path."""
+def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -> str:
+    """Collective: drain, then write every rank's state (``tree``, default the state now) and
+    the global model into one checkpoint file; return its path."""
     from ssdmpi import __version__, checkpoint
 
     cfg, algo, state, E = job.cfg, job.algo, job.state, job.E
     algo.drain()
-    tree = state.state_dict()
+    tree = state.state_dict() if tree is None else tree
     shared = state.shared(tree) if comm.rank == 0 else None
     meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
@@ -403,9 +405,15 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
                         f"{job.last_checkpoint}. Continue with: ssdmpi train --run-dir {job.cfg.run_dir} "
                         f"--resume auto (exit code {code})")
         return code
+    # The final checkpoint holds every rank's state as it stands now, so that training longer
+    # (--resume auto with more epochs) continues bit for bit as if the run had never stopped,
+    # and, as its model, W after finalize: every communicated sum and the partial period
+    # applied. That W is what the final evaluation (recorded in the checkpoint) measures.
+    job.algo.drain()
+    tree = job.state.state_dict()         # host copies: finalize does not touch them
     job.algo.finalize()
-    save(job, comm, out, "final")
-    job.state.last_eval = evaluate_now(job, out)
+    job.state.last_eval = tree["trainer"]["last_eval"] = evaluate_now(job, out)
+    save(job, comm, out, "final", tree)
     if comm.rank == 0:
         _summary(job, comm.size, run_time)
     return 0

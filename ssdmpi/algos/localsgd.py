@@ -6,6 +6,7 @@ warm-up's velocity) at the global lr of iteration ``t``::
 
     V <- mu*V - eta_g(t)*(lam*mask*L + g);  L <- L + V          (every iteration)
     every k-th iteration ((m+1) % k == 0): W <- mean_r L_r (blocking allreduce);  L <- W;  s += k
+    finalize (end of training, mid-period):  W <- mean_r L_r;  L <- W
 
 The momentum buffers stay per rank (not averaged), as in post-local SGD.
 """
@@ -32,6 +33,14 @@ class LocalSGD(Algorithm):
             self.W[...] = self.L
             self.s += self.k
         return loss
+
+    def finalize(self) -> None:
+        """End of training: a partial period's local progress is averaged too, as its period end
+        would have: ``W <- mean_r L_r``, ``L <- W`` (blocking, collective)."""
+        if self.stage == "delay" and (self.t - self.T_w) % self.k != 0:
+            backend.synchronize()
+            self.comm.allreduce_mean(self.L)
+            self.W[...] = self.L
 
     def _delay_state(self) -> dict:
         return {"V": self._host(self.V)}

@@ -103,6 +103,7 @@ class GradientReplay(PeriodRule):
     ``Iallreduce(mean, A)``; wait for the previous period's request, giving
     ``Abar = mean_r A_r``; ``k`` times: ``M, W <- global update with Abar/k`` (``s += 1``
     each, ``eta_g(s)`` each); ``L <- W``. The first period end has nothing to apply.
+    ``finalize()`` ``j`` iterations into a period replays the partial ``Abar`` as ``j`` steps.
     """
 
     name = "replay"
@@ -122,12 +123,27 @@ class GradientReplay(PeriodRule):
             self._swap_in(handle)
             a.L[...] = a.W
 
-    def _apply(self, reduced) -> None:
+    def _apply(self, reduced, steps: int | None = None) -> None:
+        """``steps`` (default ``k``) global steps, each with ``reduced / steps``."""
         a = self.a
-        reduced /= a.k
-        for _ in range(a.k):
+        steps = a.k if steps is None else steps
+        reduced /= steps
+        for _ in range(steps):
             a.global_sgd.step(a.W, a.M, reduced, a.schedule(a.s))
             a.s += 1
+
+    def finalize(self) -> None:
+        """End of training: apply the sum in flight, then the partial period's accumulator as
+        its period end would have: ``j`` global steps with ``mean_r A_r / j`` (blocking)."""
+        a = self.a
+        super().finalize()
+        j = (a.t - a.T_w) % a.k
+        if j:
+            from ssdmpi import backend
+
+            backend.synchronize()
+            a.comm.allreduce_mean(self._acc)
+            self._apply(self._acc, j)
 
 
 class DeltaOwn(PeriodRule):

@@ -229,17 +229,30 @@ class Simulation:
         return correct / len(x), loss_sum / len(x)
 
     def finalize(self):
-        """Apply what is still in flight to ``W`` (the MPI path's ``finalize``); for ``delta-own`` also
-        fold the partial period in: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4)."""
+        """The end of training (the MPI path's ``finalize``): what is in flight is applied to ``W``,
+        and a partial period's work too, as its period end would have applied it:
+
+        - ``delta-own``: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4);
+        - ``replay``, ``j`` iterations into a period: ``j`` global steps with ``mean_r A_r / j``;
+        - ``localsgd``: ``W <- mean_r L_r``, ``L <- W``.
+        """
         c = self.cfg
-        if self.stage != "delay" or c.algo == "localsgd":
+        if self.stage != "delay":
             return
-        if c.comm == "period" and c.period_rule == "delta-own" and (self.t - self.T_w) % self.k != 0:
-            self._apply_pending()
-            self.W = self.W + self._mean([self.L[r] - self.S[r] for r in range(self.N)])
-            self.S = [L.copy() for L in self.L]
+        j = (self.t - self.T_w) % self.k          # iterations of the period not yet communicated
+        if c.algo == "localsgd":
+            if j:
+                self.W = self._mean(self.L)
+                self.L = [self.W.copy() for _ in range(self.N)]
             return
         self._apply_pending()
+        if c.comm == "period" and c.period_rule == "delta-own" and j:
+            self.W = self.W + self._mean([self.L[r] - self.S[r] for r in range(self.N)])
+            self.S = [L.copy() for L in self.L]
+        elif c.comm == "period" and c.period_rule == "replay" and j:
+            G = self._mean(self.A) / j
+            for _ in range(j):
+                self._global_update(G)
 
     def _apply_pending(self):
         if self.pending is None:

@@ -117,3 +117,25 @@ def test_batchnorm_statistics_resume_bitwise_too():
     diff, compared = stop_and_resume_differences(args, s, warmup, k)
     assert diff == [], f"not bitwise identical after resume: {diff}"
     assert any(name.startswith("rank_0000/model/buffers/") and "running_mean" in name for name in compared)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(CASES) + ["ssd-period-replay"])
+def test_training_longer_from_a_finished_run_continues_bitwise(case):
+    """"Train longer": a run that FINISHED at S/2 (mid-period: finalize flushed what was in flight
+    and the partial period into its model), resumed with ``--resume auto --steps S``, ends
+    bitwise where one run of S steps ends: the final checkpoint keeps the state before finalize."""
+    extra = CASES.get(case) or ["--algo", "ssd", "--comm", "period", "--period-rule", "replay",
+                                "--delay", str(K), "--warmup-steps", str(WARMUP)]
+    args = COMMON + extra
+    tmp = shared_tmpdir()
+    straight, longer = os.path.join(tmp, "straight"), os.path.join(tmp, "longer")
+    ok = [0] * MPI.COMM_WORLD.Get_size()
+    assert all_ranks(main(["train", "--run-dir", straight, "--steps", str(S)] + args)) == ok
+    assert all_ranks(main(["train", "--run-dir", longer, "--steps", str(S // 2)] + args)) == ok
+    assert all_ranks(main(["train", "--run-dir", longer, "--resume", "auto", "--steps", str(S)] + args)) == ok
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        a = os.path.join(straight, "checkpoints", newest_checkpoint(straight))
+        b = os.path.join(longer, "checkpoints", newest_checkpoint(longer))
+        assert os.path.basename(a) == os.path.basename(b) == f"ckpt-{S:08d}.h5"
+        assert differences(a, b) == [], f"not bitwise identical after training longer: {differences(a, b)}"

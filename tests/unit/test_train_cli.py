@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
+from ssdmpi import checkpoint
 from tests.conftest import ROOT, mpiexec, run_cli
 
 SMALL = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
@@ -67,7 +68,10 @@ def test_without_a_terminal_progress_is_plain_lines(tmp_path):
     assert "\r" not in result.stdout + result.stderr
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     kinds = [m["kind"] for m in metrics]
-    assert kinds[0] == "start" and "step" in kinds and "checkpoint" in kinds and kinds[-1] == "eval"
+    # the end: the final evaluation, then the final checkpoint, which records that evaluation
+    assert kinds[0] == "start" and "step" in kinds and kinds[-2:] == ["eval", "checkpoint"]
+    final_eval, final_ckpt = metrics[-2], metrics[-1]
+    assert checkpoint.read_meta(final_ckpt["path"])["test_acc"] == final_eval["test_acc"]
     step = [m for m in metrics if m["kind"] == "step"][-1]
     for key in ("step", "epoch", "stage", "loss", "lr", "lr_local", "samples_per_s", "compute_s", "inflight_s",
                 "wait_s", "bytes_sent", "time"):
