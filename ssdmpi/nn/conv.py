@@ -209,24 +209,47 @@ class Conv2d(Layer):
         xp = _xp(dy)
         x, self.x = self.x, None
         dy2 = dy.reshape(self.cout, -1)
-        self._weight_grad(x, dy2)
         if self.has_bias:
             xp.matmul(dy2, self.workspace.ones(dy2.shape[1], dy2.dtype), out=self.g["bias"])
-        if not self.input_grad:
-            return None
-        if self._pointwise():
-            return (self._wmat().T @ dy2).reshape(x.shape)
-        h, w = x.shape[1:3]
-        if self.stride == 1 and self.padding <= self.k - 1 and \
-                self.cout * h * w <= 2 * self.cin * dy.shape[1] * dy.shape[2]:
+        if self.input_grad and not self._pointwise() and self.stride == 1 and self.padding <= self.k - 1 and \
+                self.cout * x.shape[1] * x.shape[2] <= 2 * self.cin * dy.shape[1] * dy.shape[2]:
             # dx is the convolution of dy (padded by k-1-p) with the flipped, transposed kernel:
             # im2col copies and GEMMs, instead of a k*k times larger GEMM output and col2im.
             # It pays when dy is not much bigger than x (ResNet's 'same' convolutions); LeNet's
             # 6 -> 16 channel, 14 -> 10 pixel conv2 is cheaper the col2im way.
-            flipped = xp.ascontiguousarray(self.p["weight"][:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-            return conv_gemm(pad_images(dy, self.k - 1 - self.padding, self.workspace),
-                             flipped.reshape(self.cin, -1), self.k, 1, (h, w), self.workspace)
+            return self._backward_by_flipped_conv(x, dy)
+        self._weight_grad(x, dy2)
+        if not self.input_grad:
+            return None
+        if self._pointwise():
+            return (self._wmat().T @ dy2).reshape(x.shape)
         return self._col2im_grad(dy2, x.shape, dy.shape[1:3])
+
+    def _backward_by_flipped_conv(self, x, dy):
+        """Stride 1: dx and dW from the same columns of ``dy`` (padded by q = k-1-p), chunk by chunk.
+
+        With ``dcols[(o, i, j), (h, w, n)] = dy_padded[o, h + i, w + j, n]``:
+        ``dx = flip(W)^T @ dcols`` (flip: kernel rotated 180 degrees, in and out channels swapped),
+        and ``dW[o, c, k-1-i, k-1-j] = (dcols @ x^T)[(o, i, j), c]`` -- so the weight gradient
+        needs no columns of ``x`` (one im2col copy less per convolution).
+        """
+        xp, ws, k = _xp(dy), self.workspace, self.k
+        cin, h, w, n = x.shape
+        padded = pad_images(dy, k - 1 - self.padding, ws)
+        flipped = xp.ascontiguousarray(self.p["weight"][:, :, ::-1, ::-1].transpose(1, 0, 2, 3)).reshape(cin, -1)
+        x2 = xp.ascontiguousarray(x).reshape(cin, -1)
+        dx = xp.empty(x.shape, dtype=dy.dtype)
+        dx2, run = dx.reshape(cin, -1), w * n
+        gflip = ws.get("dw_flipped", (self.cout * k * k, cin), dy.dtype)       # rows (o, i, j), flipped taps
+        for r0, r1 in row_chunks(xp, h, self.cout * k * k * run * dy.itemsize):
+            dcols = columns(padded, k, 1, r0, r1, w, ws)
+            xp.matmul(flipped, dcols, out=dx2[:, r0 * run:r1 * run])
+            part = gflip if r0 == 0 else ws.get("dw_flipped_part", gflip.shape, gflip.dtype)
+            xp.matmul(dcols, x2[:, r0 * run:r1 * run].T, out=part)
+            if r0:
+                gflip += part
+        self.g["weight"][...] = gflip.reshape(self.cout, k, k, cin)[:, ::-1, ::-1].transpose(0, 3, 1, 2)
+        return dx
 
     def _weight_grad(self, x, dy2) -> None:
         """dW = dy @ cols^T, summed over the row chunks, written into the weight gradient."""
