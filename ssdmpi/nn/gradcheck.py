@@ -57,7 +57,7 @@ def check_layer(layer, input_shape, batch: int = 3, seed: int = 0, eps: float = 
     for _, lay in walk([layer]):
         lay.input_grad = True
     if len(input_shape) == 3 and getattr(layer, "channel_major", False):
-        x = rng.normal(size=(input_shape[0], batch) + tuple(input_shape[1:]))   # channel-major images
+        x = rng.normal(size=tuple(input_shape) + (batch,))   # channel-major (C, H, W, N) images
     else:
         x = rng.normal(size=(batch,) + tuple(input_shape))
     state = {k: np.array(v, copy=True) for k, v in model.buffers().items()}

@@ -2,11 +2,13 @@
 
 Layouts: a model takes NCHW images ``(batch, channels, height, width)`` or
 vectors ``(batch, features)``. Inside convolutional models, image activations
-are CHANNEL-MAJOR, ``(channels, batch, height, width)``: a model starts with
-:class:`ToChannelMajor` (a free transpose view), its convolution, pooling and
-BatchNorm layers (class attribute ``channel_major = True``) work on that layout
--- it makes every convolution one GEMM for the whole batch -- and it ends with
-:class:`ToBatchMajor` (or global average pooling, which outputs ``(batch, C)``).
+are CHANNEL-MAJOR with the batch last, ``(channels, height, width, batch)``: a
+model starts with :class:`ToChannelMajor` (a free transpose view), its
+convolution, pooling and BatchNorm layers (class attribute ``channel_major =
+True``) work on that layout -- it makes every convolution one GEMM for the whole
+batch, with long contiguous runs in its im2col copies (see ``conv.py``) -- and
+it ends with :class:`ToBatchMajor` (or global average pooling, which outputs
+``(batch, C)``).
 Shapes in ``output_shape`` are per sample (no batch axis), ``(C, H, W)`` for
 images whatever the layout.
 
@@ -176,7 +178,7 @@ class Flatten(Layer):
         return dy.reshape(self.in_shape)
 
 
-class _SwapBatchAndChannel(Layer):
+class _LayoutLayer(Layer):
     """Base of the two layout layers: per-sample shape (C, H, W) in and out."""
 
     def output_shape(self, input_shape):
@@ -184,30 +186,33 @@ class _SwapBatchAndChannel(Layer):
             raise self._shape_error("channels, height, width", input_shape)
         return tuple(input_shape)
 
-    def backward(self, dy):
-        return dy.transpose(1, 0, 2, 3)
 
-
-class ToChannelMajor(_SwapBatchAndChannel):
-    """NCHW (N, C, H, W) -> channel-major (C, N, H, W): a transpose view, no copy (the next
+class ToChannelMajor(_LayoutLayer):
+    """NCHW (N, C, H, W) -> channel-major (C, H, W, N): a transpose view, no copy (the next
     convolution's im2col reads any strides)."""
 
-    def __init__(self, name: str = "to_cnhw"):
+    def __init__(self, name: str = "to_chwn"):
         self.name = name
 
     def forward(self, x, train: bool = True):
-        return x.transpose(1, 0, 2, 3)
+        return x.transpose(1, 2, 3, 0)
+
+    def backward(self, dy):
+        return dy.transpose(3, 0, 1, 2)
 
 
-class ToBatchMajor(_SwapBatchAndChannel):
-    """Channel-major (C, N, H, W) -> NCHW (N, C, H, W), contiguous (so a following Flatten
+class ToBatchMajor(_LayoutLayer):
+    """Channel-major (C, H, W, N) -> NCHW (N, C, H, W), contiguous (so a following Flatten
     orders features as PyTorch does: channel, row, column)."""
 
     def __init__(self, name: str = "to_nchw"):
         self.name = name
 
     def forward(self, x, train: bool = True):
-        return _xp(x).ascontiguousarray(x.transpose(1, 0, 2, 3))
+        return _xp(x).ascontiguousarray(x.transpose(3, 0, 1, 2))
+
+    def backward(self, dy):
+        return dy.transpose(1, 2, 3, 0)
 
 
 class Dropout(Layer):

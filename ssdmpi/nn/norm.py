@@ -1,4 +1,4 @@
-"""Batch normalisation (Ioffe & Szegedy 2015), for (N, C) and channel-major (C, N, H, W) inputs.
+"""Batch normalisation (Ioffe & Szegedy 2015), for (N, C) and channel-major (C, H, W, N) inputs.
 
 Training: per channel c, over the m = N*H*W values of the batch,
     mean_c, var_c (biased) ;  xhat = (x - mean_c) / sqrt(var_c + eps) ;  y = gamma_c * xhat + beta_c
@@ -22,7 +22,7 @@ from ssdmpi.nn.layers import Layer, _xp
 
 
 class BatchNorm(Layer):
-    """Batch normalisation per channel: axis 1 of (N, C) inputs, axis 0 of channel-major (C, N, H, W) ones."""
+    """Batch normalisation per channel: axis 1 of (N, C) inputs, axis 0 of channel-major (C, H, W, N) ones."""
 
     channel_major = True
 
@@ -64,7 +64,7 @@ class BatchNorm(Layer):
                 getattr(self, key)[...] = value
 
     def _rows(self, x):
-        """``x`` as a (C, m) matrix: a view of channel-major (C, N, H, W) or of (N, C) (transposed)."""
+        """``x`` as a (C, m) matrix: a view of channel-major (C, H, W, N) or of (N, C) (transposed)."""
         return x.T if x.ndim == 2 else x.reshape(self.c, -1)
 
     def _unrows(self, a, shape):

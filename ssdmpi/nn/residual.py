@@ -22,7 +22,7 @@ from ssdmpi.nn.norm import BatchNorm
 class BasicBlock(Layer):
     """Two 3x3 conv-BN layers with a shortcut; children are named like torchvision's (conv1, bn1, ...).
 
-    Channel-major (C, N, H, W) in and out.
+    Channel-major (C, H, W, N) in and out.
     """
 
     channel_major = True
@@ -73,7 +73,7 @@ class BasicBlock(Layer):
             out += s
         else:   # option A: subsample, zero-pad the channels
             pad = self._pad_channels()
-            out[pad:pad + self.cin] += x[:, :, ::self.stride, ::self.stride]
+            out[pad:pad + self.cin] += x[:, ::self.stride, ::self.stride]
         self.in_shape = x.shape
         return self.relu2.forward(out, train)
 
@@ -93,5 +93,5 @@ class BasicBlock(Layer):
             dx += ds
         else:
             pad = self._pad_channels()
-            dx[:, :, ::self.stride, ::self.stride] += d[pad:pad + self.cin]
+            dx[:, ::self.stride, ::self.stride] += d[pad:pad + self.cin]
         return dx

@@ -1,6 +1,6 @@
 """Reusable scratch buffers, shared by the layers of one model.
 
-Why: NumPy hands large arrays (im2col matrices are tens of MB) back to the OS
+Why: NumPy hands large arrays (padded images and im2col chunks are MBs) back to the OS
 when they are freed, so allocating them every step costs a page fault per 4 KiB
 on first touch. A ``Workspace`` keeps one buffer per ``(key, shape, dtype)`` for
 the life of the model. A buffer is only valid until the next ``get`` with the

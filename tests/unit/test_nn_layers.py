@@ -72,21 +72,21 @@ def test_gradient_check_catches_a_wrong_backward():
 def test_col2im_is_the_adjoint_of_im2col(k, stride, padding):
     """<im2col(x), c> == <x, col2im(c)> for random x, c: what makes the convolution backward right."""
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(2, 3, 7, 6))        # channel-major (C, N, H, W)
+    x = rng.normal(size=(2, 7, 6, 3))        # channel-major (C, H, W, N)
     cols = im2col(x, k, k, stride, padding, Workspace()).copy()
     c = rng.normal(size=cols.shape)
-    back = col2im(c, x.shape[2:], stride, padding)
+    back = col2im(c, x.shape[1:3], stride, padding)
     assert back.shape == x.shape
     np.testing.assert_allclose(np.sum(cols * c), np.sum(x * back), rtol=1e-12)
 
 
 def test_im2col_reads_the_right_pixels():
-    x = np.arange(2 * 1 * 3 * 3, dtype=np.float64).reshape(2, 1, 3, 3)   # C=2, N=1
-    cols = im2col(x, 3, 3, 1, 1, Workspace())                          # (C, 3, 3, N, 3, 3)
-    assert cols.shape == (2, 3, 3, 1, 3, 3)
+    x = np.arange(2 * 3 * 3 * 1, dtype=np.float64).reshape(2, 3, 3, 1)   # C=2, N=1
+    cols = im2col(x, 3, 3, 1, 1, Workspace())                          # (C, 3, 3, 3, 3, N)
+    assert cols.shape == (2, 3, 3, 3, 3, 1)
     # centre tap (i=j=1) is the image itself; the top-left tap sees zero padding at the border
-    np.testing.assert_array_equal(cols[:, 1, 1, 0], x[:, 0])
-    assert cols[0, 0, 0, 0, 0, 0] == 0 and cols[0, 0, 0, 0, 1, 1] == x[0, 0, 0, 0]
+    np.testing.assert_array_equal(cols[:, 1, 1, :, :, 0], x[:, :, :, 0])
+    assert cols[0, 0, 0, 0, 0, 0] == 0 and cols[0, 0, 0, 1, 1, 0] == x[0, 0, 0, 0]
 
 
 def test_output_shape_errors_name_the_layer():
@@ -112,17 +112,17 @@ def test_relu_works_in_place_and_masks_the_gradient():
 
 def test_maxpool_matches_a_direct_computation():
     rng = np.random.default_rng(2)
-    x = rng.normal(size=(2, 3, 4, 6))                    # channel-major
+    x = rng.normal(size=(2, 4, 6, 3))                    # channel-major (C, H, W, N)
     y = MaxPool2d(2).forward(x)
-    expected = x.reshape(2, 3, 2, 2, 3, 2).max(axis=(3, 5))
+    expected = x.reshape(2, 2, 2, 3, 2, 3).max(axis=(2, 4))
     np.testing.assert_array_equal(y, expected)
 
 
 def test_maxpool_ties_route_each_gradient_once():
     """A window of equal values (zeros after a ReLU) sends its gradient to exactly one element."""
     pool = MaxPool2d(2)
-    x = np.zeros((1, 1, 4, 4))
+    x = np.zeros((1, 4, 4, 1))
     pool.forward(x)
-    dx = pool.backward(np.ones((1, 1, 2, 2)))
+    dx = pool.backward(np.ones((1, 2, 2, 1)))
     assert dx.sum() == 4 and set(np.unique(dx)) == {0.0, 1.0}
-    np.testing.assert_array_equal(dx[0, 0, ::2, ::2], np.ones((2, 2)))   # the first element of each window
+    np.testing.assert_array_equal(dx[0, ::2, ::2, 0], np.ones((2, 2)))   # the first element of each window
