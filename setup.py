@@ -32,6 +32,7 @@ setup(
         "scikit-learn>=1.2",   # ships the built-in default dataset (digits) inside its wheel
         "PyYAML>=6",
         "tqdm>=4.60",
+        "threadpoolctl>=3",    # each rank limits its BLAS/OpenMP threads (ssdmpi/comm/node.py)
     ],
     extras_require={
         # The MPI runtime as a wheel, for machines without a site MPI. Site-MPI users leave it out.
