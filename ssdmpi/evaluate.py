@@ -115,7 +115,6 @@ def run(args) -> int:
     """``ssdmpi eval``: rank 0 reads the checkpoint, every rank evaluates its shard."""
     from ssdmpi.comm import node, world
     from ssdmpi.comm.communicator import Communicator
-    from ssdmpi.errors import UserError
     from ssdmpi.validate import nonnegative_int, positive_int
 
     positive_int("batch-size", args.batch_size)

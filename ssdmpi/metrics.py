@@ -18,8 +18,9 @@ run appends to the same file). Two kinds of record:
     stage test_acc_local, test_loss_local (rank 0's local model L)
 
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
-placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path, reason), ``stop`` (why the run stopped early, its
-exit code and, unless it diverged, the checkpoint to resume from). ``ssdmpi plot`` reads these files.
+placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
+reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
+checkpoint to resume from). ``ssdmpi plot`` reads these files.
 ``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
 """
 

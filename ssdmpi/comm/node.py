@@ -114,7 +114,8 @@ def launcher_bound_gpu(environ) -> str | None:
     return None
 
 
-def choose_gpu(node: Node, device_count: int, requested: int | None, environ=None) -> tuple[int | None, str, str | None]:
+def choose_gpu(node: Node, device_count: int, requested: int | None,
+               environ=None) -> tuple[int | None, str, str | None]:
     """``(device id or None, why, shared)`` for one rank; ``UserError`` for a ``--gpu-id`` not visible.
 
     ``shared``: a sentence when this node's ranks outnumber its GPUs, else None.
