@@ -13,7 +13,8 @@ model ``L``) with rank 0's BatchNorm statistics, then puts the training state ba
 loads the global model ``W`` and rank 0's BatchNorm statistics (``/model`` in the file),
 and evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
 ``mpiexec -n N`` the ranks share the work. ``--local`` evaluates rank 0's local model
-``L`` instead (delay-stage checkpoints only).
+``L`` instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
+``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
 """
 
 from __future__ import annotations
@@ -123,12 +124,12 @@ def run(args) -> int:
     if args.gpu_id is not None:
         nonnegative_int("gpu-id", args.gpu_id)
     path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
-    world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
+    placement = world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
     model, dataset = _restore_model(args, path, meta.get("config", {}), shared)
     with Communicator(progress="blocking", stall_timeout=None) as comm:
         loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size)
         if comm.rank == 0:
-            _report(args, path, meta, dataset, (loss, acc, n))
+            _report(args, path, meta, dataset, (loss, acc, n), placement.describe())
     return 0
 
 
@@ -174,12 +175,12 @@ def _restore_model(args, path: str, cfg: dict, shared: dict):
     return model, dataset
 
 
-def _report(args, path: str, meta: dict, dataset, result) -> None:
+def _report(args, path: str, meta: dict, dataset, result, placement: str) -> None:
     loss, acc, n = result
     which = "local model L of rank 0" if args.local else "global model W"
     report = {"checkpoint": path, "model": meta.get("config", {})["model"], "dataset": dataset.name, "which": which,
               "step": meta.get("step"), "epoch": meta.get("epoch"), "stage": meta.get("stage"),
-              "test_acc": acc, "test_loss": loss, "samples": n}
+              "test_acc": acc, "test_loss": loss, "samples": n, "placement": f"rank 0: {placement}"}
     if args.json:
         print(json.dumps(report))
     else:
