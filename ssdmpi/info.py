@@ -90,6 +90,8 @@ def collect(device: str = "auto", transport: str = "auto", threads: int | None =
     from ssdmpi import __version__, backend
     from ssdmpi.comm import node, world
 
+    env = {k: os.environ[k] for k in node.THREAD_VARIABLES + ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")
+           if k in os.environ}   # as launched, before place() sets the thread variables
     placement = world.agree(lambda: node.place(node.discover(), device, threads, gpu_id))
     mine = rank_report(placement)
     ranks = MPI.COMM_WORLD.gather(mine, root=0)
@@ -109,8 +111,7 @@ def collect(device: str = "auto", transport: str = "auto", threads: int | None =
         "cuda_aware": cuda_aware_verdict(transport),
         "blas": node.blas_info(),
         "ranks": ranks,
-        "env": {k: os.environ[k] for k in node.THREAD_VARIABLES + ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")
-                if k in os.environ},
+        "env": env,
     }
 
 

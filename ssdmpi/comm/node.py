@@ -141,12 +141,15 @@ def choose_gpu(node: Node, device_count: int, requested: int | None,
 
 
 def limit_threads(n: int) -> None:
-    """Limit every BLAS/OpenMP pool loaded in this process to ``n`` threads (threadpoolctl),
-    for the rest of the process's life."""
+    """Limit this process's BLAS/OpenMP pools to ``n`` threads for the rest of its life: those
+    loaded now through threadpoolctl, those loaded later (SciPy's own OpenBLAS, PyTorch)
+    through the thread variables, which a library reads when it loads."""
     global _limiter
     import numpy  # noqa: F401  (NumPy's BLAS must be loaded to be limited)
     from threadpoolctl import threadpool_limits
 
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(n)
     _limiter = threadpool_limits(limits=n)
 
 

@@ -140,14 +140,18 @@ def test_place_says_when_ranks_share_a_gpu(fake_backend):
     assert p.gpu_id == 0 and "2 ranks on n1 share 1 GPU(s)" in p.shared_gpu
 
 
-def test_limit_threads_limits_numpys_blas():
-    pytest.importorskip("threadpoolctl")
+def test_limit_threads_limits_numpys_blas_and_libraries_loaded_later(monkeypatch):
+    import os
+
     from threadpoolctl import threadpool_limits
 
+    for name in node.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)   # restored afterwards
     with threadpool_limits(limits=None):   # restores the pools afterwards
         node.limit_threads(1)
         assert node.blas_threads() in (1, None)
         assert all(pool["num_threads"] == 1 for pool in node.blas_info())
+    assert all(os.environ[name] == "1" for name in node.THREAD_VARIABLES)
 
 
 def test_usable_cpus_is_this_process_affinity():
