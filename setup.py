@@ -31,6 +31,7 @@ setup(
         "h5py>=3.8",
         "PyYAML>=6",
         "tqdm>=4.60",
+        "threadpoolctl>=3",    # each rank limits its BLAS/OpenMP threads (ssdmpi/comm/node.py)
     ],
     extras_require={
         # The MPI runtime as a wheel, for machines without a site MPI. Site-MPI users leave it out.

@@ -45,6 +45,24 @@ def probe_cupy():
     return _cupy_probe
 
 
+def gpu_count() -> int:
+    """How many CUDA devices CuPy sees (0 without CuPy or a driver). Makes no allocation."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # ImportError, CUDARuntimeError (no driver), anything a broken install raises
+        return 0
+
+
+def bind_gpu(gpu_id: int) -> None:
+    """Make CUDA device ``gpu_id`` this process's current one: call before ``select`` (whose
+    first allocation creates the CUDA context on the current device)."""
+    import cupy
+
+    cupy.cuda.Device(gpu_id).use()
+
+
 def select(device: str = "auto"):
     """Choose the array backend for this process and return its ``xp`` module.
 

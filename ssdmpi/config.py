@@ -90,6 +90,8 @@ class TrainConfig:
     period_rule: str | None = None     # rule of --comm period
     # runtime
     device: str = "auto"
+    threads: int | None = None         # BLAS/OpenMP threads per rank (None: chosen per node, comm/node.py)
+    gpu_id: int | None = None          # CUDA device of every rank (None: one per local rank, comm/node.py)
     progress: str = "auto"             # how nonblocking allreduces progress
     transport: str = "auto"            # how GPU buffers reach MPI
     stall_timeout: float = 300.0       # seconds a wait may take before the job is aborted
@@ -112,6 +114,10 @@ class TrainConfig:
         if self.local_update is not None:
             choice("local-update", self.local_update, LOCAL_UPDATES)
         choice("device", self.device, DEVICES)
+        if self.threads is not None:
+            positive_int("threads", self.threads)
+        if self.gpu_id is not None:
+            nonnegative_int("gpu-id", self.gpu_id)
         choice("progress", self.progress, PROGRESS)
         choice("transport", self.transport, TRANSPORTS)
         choice("dtype", self.dtype, DTYPES)
@@ -261,6 +267,9 @@ def _algorithm_defaults() -> dict:
         "bucket_size": "one fused buffer",
         "warmup_epochs": "unset, --warmup-steps decides",
         "stop_at_step": "never",
+        "threads": "usable CPUs on the node // ranks on it, unless OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or "
+                   "MKL_NUM_THREADS is set",
+        "gpu_id": "local rank mod the number of GPUs seen, unless the launcher bound one GPU per rank",
     }
 
 
@@ -317,6 +326,8 @@ _FLAGS = {
     ],
     "runtime": [
         ("device", {"choices_help": DEVICES}, "array backend"),
+        ("threads", {"type": int, "metavar": "N"}, "BLAS/OpenMP threads per rank"),
+        ("gpu_id", {"type": int, "metavar": "ID"}, "CUDA device of this rank"),
         ("progress", {"choices_help": PROGRESS},
          "who drives nonblocking allreduces: {choices}; auto = "
          + ", ".join(f"{k}: {v}" for k, v in PROGRESS_DEFAULTS.items())),
@@ -478,7 +489,8 @@ def build(settings: dict) -> TrainConfig:
 
 
 ALGO_SETTINGS = ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule", "glu_divisor")
-NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar")   # a resumed run does not take these from the checkpoint
+# A resumed run does not take these from the checkpoint (threads and GPU belong to the machine, not the run).
+NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar", "threads", "gpu_id")
 
 
 def resolve(args, checkpoint_config: dict | None = None) -> TrainConfig:

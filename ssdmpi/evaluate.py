@@ -13,7 +13,8 @@ model ``L``) with rank 0's BatchNorm statistics, then puts the training state ba
 loads the global model ``W`` and rank 0's BatchNorm statistics (``/model`` in the file),
 and evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
 ``mpiexec -n N`` the ranks share the work. ``--local`` evaluates rank 0's local model
-``L`` instead (delay-stage checkpoints only).
+``L`` instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
+``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
 """
 
 from __future__ import annotations
@@ -103,26 +104,32 @@ def add_arguments(parser) -> None:
     parser.add_argument("--data-path", metavar="PATH", help="where that dataset's files are")
     parser.add_argument("--local", action="store_true", help="evaluate rank 0's local model L instead of W")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="array backend")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="BLAS/OpenMP threads per rank (default: as ssdmpi train chooses, see its --help)")
+    parser.add_argument("--gpu-id", type=int, metavar="ID",
+                        help="CUDA device of this rank (default: as ssdmpi train chooses)")
     parser.add_argument("--batch-size", type=int, default=EVAL_BATCH, help="samples per forward pass")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args) -> int:
     """``ssdmpi eval``: rank 0 reads the checkpoint, every rank evaluates its shard."""
-    from ssdmpi import backend
-    from ssdmpi.comm import world
+    from ssdmpi.comm import node, world
     from ssdmpi.comm.communicator import Communicator
-    from ssdmpi.errors import UserError
+    from ssdmpi.validate import nonnegative_int, positive_int
 
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    positive_int("batch-size", args.batch_size)
+    if args.threads is not None:
+        positive_int("threads", args.threads)
+    if args.gpu_id is not None:
+        nonnegative_int("gpu-id", args.gpu_id)
     path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
-    backend.select(args.device)
+    placement = world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
     model, dataset = _restore_model(args, path, meta.get("config", {}), shared)
     with Communicator(progress="blocking", stall_timeout=None) as comm:
         loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size)
         if comm.rank == 0:
-            _report(args, path, meta, dataset, (loss, acc, n))
+            _report(args, path, meta, dataset, (loss, acc, n), placement.describe())
     return 0
 
 
@@ -168,12 +175,12 @@ def _restore_model(args, path: str, cfg: dict, shared: dict):
     return model, dataset
 
 
-def _report(args, path: str, meta: dict, dataset, result) -> None:
+def _report(args, path: str, meta: dict, dataset, result, placement: str) -> None:
     loss, acc, n = result
     which = "local model L of rank 0" if args.local else "global model W"
     report = {"checkpoint": path, "model": meta.get("config", {})["model"], "dataset": dataset.name, "which": which,
               "step": meta.get("step"), "epoch": meta.get("epoch"), "stage": meta.get("stage"),
-              "test_acc": acc, "test_loss": loss, "samples": n}
+              "test_acc": acc, "test_loss": loss, "samples": n, "placement": f"rank 0: {placement}"}
     if args.json:
         print(json.dumps(report))
     else:

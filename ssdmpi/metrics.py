@@ -18,8 +18,9 @@ run appends to the same file). Two kinds of record:
     stage test_acc_local, test_loss_local (rank 0's local model L)
 
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
-steps, config), ``checkpoint`` (path, reason), ``stop`` (why the run stopped early, its
-exit code and, unless it diverged, the checkpoint to resume from). ``ssdmpi plot`` reads these files.
+placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
+reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
+checkpoint to resume from). ``ssdmpi plot`` reads these files.
 ``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
 """
 
@@ -186,6 +187,8 @@ def summary_text(s: dict) -> str:
         lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, "
                      f"in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
                      f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
+    if s.get("placement"):
+        lines.append(f"  rank 0: {s['placement']}")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")
     lines.append(f"  run directory: {s.get('run_dir')}")

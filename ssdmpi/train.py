@@ -118,7 +118,7 @@ def run(args) -> int:
     synchronisation point instead of killing the rank."""
     from ssdmpi import backend, run_setup
     from ssdmpi import config as configuration
-    from ssdmpi.comm import world
+    from ssdmpi.comm import node, world
     from ssdmpi.comm.communicator import Communicator
 
     with contextlib.ExitStack() as resources:
@@ -127,11 +127,14 @@ def run(args) -> int:
         #    resolves; every rank gets the same TrainConfig.
         _, size = world.rank_and_size()
         cfg, soft, ckpt_path, ckpt_meta = world.on_root(lambda: run_setup.configure(args, size))
-        # 2. Setup: backend, communicator, data, model, algorithm, loader; every rank checks
-        #    that all agree. Resume: rank 0 reads the checkpoint and sends every rank its state.
-        xp = world.agree(lambda: backend.select(cfg.device))
+        # 2. Setup: this rank's threads, GPU and backend (comm/node.py), communicator, data, model,
+        #    algorithm, loader; every rank checks that all agree. Resume: rank 0 reads the
+        #    checkpoint and sends every rank its state.
+        placement = world.agree(lambda: node.place(node.discover(), cfg.device, cfg.threads, cfg.gpu_id))
+        xp = backend.get_xp()
         comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
         job = setup(cfg, soft, ckpt_meta, comm, xp, resources)
+        job.placement = placement
         if ckpt_path is not None:
             resume(job, comm, ckpt_path)
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
@@ -155,6 +158,7 @@ class Job:
     E: int                   # steps per epoch
     total_steps: int
     last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
+    placement: object = None             # this rank's threads and GPU, and why (comm/node.py)
 
 
 def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
@@ -432,7 +436,8 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                **state.last_eval,
                **({k: totals[k] / steps for k in ("compute_s", "inflight_s", "wait_s", "bytes_sent")}
                   if totals["steps"] else {}),
-               "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "config": cfg.to_dict()}
+               "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "placement": job.placement.describe(),
+               "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)
     print(text, flush=True)
 
@@ -454,15 +459,20 @@ class Reporter:
             metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
             if ckpt_path is not None:
                 run_setup.trim_metrics(metrics_path, step)
-            atomic_write(os.path.join(cfg.run_dir, "config.yaml"), cfg.to_yaml())
+            atomic_write(os.path.join(cfg.run_dir, "config.yaml"),
+                         cfg.to_yaml() + f"# rank 0 ran with: {job.placement.describe()}\n")
             self.log = MetricsLog(metrics_path)
             self.log.write({"kind": "start", "step": step, "time": job.state.elapsed0, "world_size": comm.size,
                             "resumed_from": ckpt_path, "version": __version__, "backend": backend.reason(),
                             "progress": comm.strategy, "steps_per_epoch": job.E, "total_steps": job.total_steps,
-                            "num_params": int(job.model.params.size), "config": cfg.to_dict()})
+                            "num_params": int(job.model.params.size), "placement": job.placement.as_dict(),
+                            "config": cfg.to_dict()})
         show_bar = cfg.progress_bar and (sys.stderr.isatty() or launcher_on_terminal())
         self.progress = Progress(job.total_steps, initial=step, enabled=comm.rank == 0, bar=show_bar)
         self.message(_intro(job, comm.size, ckpt_path))
+        self.message(f"rank 0: {job.placement.describe()}")
+        if job.placement.shared_gpu:
+            self.message(f"note: {job.placement.shared_gpu}")
         if ckpt_meta is not None:
             from ssdmpi.config import changed_settings
 

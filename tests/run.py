@@ -109,9 +109,7 @@ def main() -> int:
     stages = args.stage or ["unit", "mpi", "slurm", "cluster"]
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", "1")
+    # No thread variables: every rank chooses its BLAS threads itself (ssdmpi/comm/node.py).
     results, totals = [], {}
     if "unit" in stages:
         results.append(run_stage("unit (serial)", PYTEST + ["--timeout=300", "tests/unit"] + args.pytest_args,

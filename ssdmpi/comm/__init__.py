@@ -6,6 +6,8 @@ mpi4py baseline of ``ssdmpi bench comm``).
   state-tree gather/scatter) — the contract the layers above code against.
 - ``world.py``: COMM_WORLD before a Communicator exists (rank 0 reads the configuration,
   every rank agrees on set-up errors).
+- ``node.py``: where a rank runs: local rank and size, host, usable CPUs; its BLAS threads
+  and its GPU, chosen and applied before the backend's first allocation.
 - ``trees.py``: how a state tree travels (a pickled skeleton, raw array buffers).
 - ``progress.py``: progress strategies (``test``, ``thread``, ``blocking``) and the measured
   default per backend.

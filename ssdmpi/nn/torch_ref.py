@@ -26,8 +26,8 @@ def build_torch_model(model):
     """A ``torch.nn.Module`` computing the same function as the ssdmpi ``model`` (a registry model),
     with its parameters and buffers copied in (float32 or float64, like ``model``)."""
     import torch
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
 
     from ssdmpi.nn.conv import Conv2d, GlobalAvgPool2d, MaxPool2d
     from ssdmpi.nn.layers import Dropout, Flatten, Linear, ReLU, ToBatchMajor, ToChannelMajor

@@ -1,4 +1,5 @@
-"""MPI test setup: every rank runs the same tests (``tests/run.py`` runs them at 1, 2 and 4 ranks)."""
+"""MPI test setup: every rank runs the same tests (``tests/run.py`` runs them at 1, 2 and 4 ranks;
+``mpiexec -n N pytest`` from the repository root runs them, and only them, at N ranks)."""
 
 import pytest
 from mpi4py import MPI

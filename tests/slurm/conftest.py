@@ -96,8 +96,8 @@ class SlurmCluster:
 
     ``env`` is the environment for every client call and job: this process's
     environment minus any ``SLURM_*`` (in case pytest itself runs inside a Slurm
-    job), plus ``SLURM_CONF`` and this Python's bin directory first on ``PATH``
-    (so jobs find the venv's ``python``, ``mpiexec`` and ``ssdmpi``).
+    job), plus ``SLURM_CONF``, this Python's bin directory first on ``PATH`` (so jobs
+    find the venv's ``python``, ``mpiexec`` and ``ssdmpi``) and ``SRUN_MPI=pmi2``.
     """
 
     def __init__(self, base: Path):
@@ -109,8 +109,9 @@ class SlurmCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(self.conf)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", ""), "/usr/sbin", "/sbin"])
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        # This cluster's MpiDefault=none, and the templates' srun follows the site's default
+        # unless SRUN_MPI is set: their MPICH ranks need pmi2 to find each other.
+        env["SRUN_MPI"] = "pmi2"
         self.env = env
 
     # ---- lifecycle ---------------------------------------------------------------

@@ -24,7 +24,7 @@ TINY = ["--dataset", "digits", "--models", "mlp", "--ranks", "1,2", "--delays", 
 def bench(args, timeout=120):
     """Run ``ssdmpi bench accuracy ARGS``."""
     cmd = [sys.executable, "-m", "ssdmpi", "bench", "accuracy"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = dict(os.environ)
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 

@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""
 def run_job(tmp_path, strategy: str, scenario: str):
     script = tmp_path / "stall.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script), strategy, scenario],
                           capture_output=True, text=True, timeout=90, cwd=ROOT, env=env)
 

@@ -43,7 +43,7 @@ def assert_one_line_error(result, needle):
 def test_readme_first_command_trains_the_default_dataset_to_90_percent(tmp_path):
     """``mpiexec -n 4 ssdmpi train``, no arguments, on a terminal (a pty): progress bar, summary."""
     command = f"{shlex.quote(mpiexec())} -n 4 {shlex.quote(sys.executable)} -m ssdmpi train"
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", COLUMNS="120")
+    env = dict(os.environ, COLUMNS="120")
     result = subprocess.run(["script", "-qec", command, "/dev/null"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=360)
     out = result.stdout
@@ -212,7 +212,7 @@ def test_sigusr1_from_outside_to_one_rank_exits_85_on_every_rank(tmp_path):
     inner = f"{shlex.quote(sys.executable)} -m ssdmpi {' '.join(map(shlex.quote, args))}; " \
             f"rc=$?; echo \"$PMI_RANK $rc\" >> {shlex.quote(str(codes))}; exit $rc"
     tag = str(os.getpid())
-    env = dict(os.environ, OMP_NUM_THREADS="1", SSDMPI_TEST_TAG=tag)
+    env = dict(os.environ, SSDMPI_TEST_TAG=tag)
     proc = subprocess.Popen([mpiexec(), "-n", "2", "sh", "-c", inner], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
