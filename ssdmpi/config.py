@@ -28,12 +28,12 @@ from dataclasses import dataclass, fields
 from ssdmpi.algos.config import (
     ALGOS,
     ASGD_ORDERS,
-    DEFAULT_SERVERS,
     COMMS,
     DEFAULT_COMM,
     DEFAULT_DELAY,
     DEFAULT_GLU_DIVISOR,
     DEFAULT_LOCAL_UPDATE,
+    DEFAULT_SERVERS,
     AlgoConfig,
     default_period_rule,
     period_rules,

@@ -436,7 +436,8 @@ def _summary(job: Job, size: int, run_time: float) -> None:
     summary = {"status": "done", "algo": cfg.algo, "world_size": size, "model": cfg.model,
                "num_params": int(job.model.params.size), "dataset": job.dataset.name, "step": state.step,
                "epoch": state.step / job.E, "time": run_time, "stage": job.algo.stage,
-               "samples_per_s": totals["steps"] * cfg.batch_size * job.workers / totals["wall"] if totals["wall"] else 0.0,
+               "samples_per_s": (totals["steps"] * cfg.batch_size * job.workers / totals["wall"]
+                                 if totals["wall"] else 0.0),
                **state.last_eval,
                **({k: totals[k] / steps for k in ("compute_s", "inflight_s", "wait_s", "bytes_sent")}
                   if totals["steps"] else {}),
@@ -504,8 +505,9 @@ def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
                              else f" ({algo_cfg.servers} server(s), {job.workers} worker(s), order "
                                   f"{algo_cfg.asgd_order}, warm-up {algo_cfg.warmup_steps} steps)"
                              if cfg.algo == "asgd" else ""))
+    per = "worker" if job.workers < size else "rank"
     return (f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
-            f"batch {cfg.batch_size} per {'worker' if job.workers < size else 'rank'}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
+            f"batch {cfg.batch_size} per {per}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
             f"run directory {cfg.run_dir}"
             + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))
