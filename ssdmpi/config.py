@@ -27,11 +27,13 @@ from dataclasses import dataclass, fields
 
 from ssdmpi.algos.config import (
     ALGOS,
+    ASGD_ORDERS,
     COMMS,
     DEFAULT_COMM,
     DEFAULT_DELAY,
     DEFAULT_GLU_DIVISOR,
     DEFAULT_LOCAL_UPDATE,
+    DEFAULT_SERVERS,
     AlgoConfig,
     default_period_rule,
     period_rules,
@@ -51,7 +53,7 @@ DTYPES = ("float32", "float64")
 # Settings that decide the shape of the state or the meaning of every step: a resumed
 # run must not change them (the checkpoint would not fit, or "continue" would be a lie).
 STRUCTURAL = ("dataset", "model", "widths", "dtype", "batch_size", "algo", "delay", "comm",
-              "local_update", "period_rule", "seed")
+              "local_update", "period_rule", "seed", "servers")
 
 
 @dataclass
@@ -88,6 +90,8 @@ class TrainConfig:
     local_lr_schedule: str | None = None
     glu_divisor: float | None = None   # C of glu-paper
     period_rule: str | None = None     # rule of --comm period
+    servers: int | None = None         # asgd: parameter-server ranks (the last ones)
+    asgd_order: str | None = None      # asgd: arrival | round-robin
     # runtime
     device: str = "auto"
     threads: int | None = None         # BLAS/OpenMP threads per rank (None: chosen per node, comm/node.py)
@@ -113,6 +117,10 @@ class TrainConfig:
             choice("comm", self.comm, COMMS)
         if self.local_update is not None:
             choice("local-update", self.local_update, LOCAL_UPDATES)
+        if self.servers is not None:
+            positive_int("servers", self.servers)
+        if self.asgd_order is not None:
+            choice("asgd-order", self.asgd_order, ASGD_ORDERS)
         choice("device", self.device, DEVICES)
         if self.threads is not None:
             positive_int("threads", self.threads)
@@ -254,6 +262,8 @@ def _algorithm_defaults() -> dict:
     return {
         "delay": f"the algorithm's: {DEFAULT_DELAY}; odsgd: 1",
         "comm": f"the algorithm's: {DEFAULT_COMM} for ssd; odsgd: step",
+        "servers": f"{DEFAULT_SERVERS} with --algo asgd",
+        "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
         "period_rule": f"{default_period_rule()}",
         "local_update": f"{DEFAULT_LOCAL_UPDATE}, where the schedule uses one",
         "local_lr": "world size x lr",
@@ -323,6 +333,9 @@ _FLAGS = {
         ("local_lr_schedule", {"metavar": "SPEC"}, "schedule of the local lr"),
         ("glu_divisor", {"type": float, "metavar": "C"}, "GLU divisor C"),
         ("period_rule", {"metavar": "RULE", "choices_help": "period_rules"}, "update rule of --comm period"),
+        ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
+        ("asgd_order", {"choices_help": ASGD_ORDERS},
+         "asgd: apply pushes as they arrive, or in worker order (deterministic, for tests)"),
     ],
     "runtime": [
         ("device", {"choices_help": DEVICES}, "array backend"),
@@ -581,7 +594,8 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
         local_lr=cfg.local_lr,
         local_lr_schedule=None if cfg.local_lr_schedule is None
         else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
-        momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor)
+        momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor,
+        servers=cfg.servers, asgd_order=cfg.asgd_order)
     droppable = [k for k in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
                              "glu_divisor") if k in soft]
     try:
@@ -601,11 +615,23 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
     """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
     out = dataclasses.replace(cfg)
-    for key in ("delay", "comm", "period_rule", "local_update", "glu_divisor"):
+    for key in ("delay", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order"):
         setattr(out, key, getattr(algo_cfg, key))
     if out.warmup_epochs is None:
         out.warmup_steps = int(algo_cfg.warmup_steps)
     return out
+
+
+def data_ranks(cfg: TrainConfig, world_size: int) -> int:
+    """How many ranks train on data: all of them, but for asgd only the workers (``UserError``
+    on a world too small for its servers)."""
+    if cfg.algo != "asgd":
+        return world_size
+    from ssdmpi.algos.asgd import worker_count
+
+    servers = cfg.servers if cfg.servers is not None else DEFAULT_SERVERS
+    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order).validate(world_size)
+    return worker_count(world_size, servers)
 
 
 def communicator_options(cfg: TrainConfig) -> dict:

@@ -157,6 +157,7 @@ class Job:
     evaluator: object
     E: int                   # steps per epoch
     total_steps: int
+    workers: int             # ranks that train on data (all but asgd's servers, which have no loader)
     last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
     placement: object = None             # this rank's threads and GPU, and why (comm/node.py)
 
@@ -175,16 +176,19 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
     from ssdmpi.training_state import TrainingState
 
     size = comm.size
+    workers = comm.agree(lambda: configuration.data_ranks(cfg, size))   # asgd: the servers load no data
     dataset = comm.agree(lambda: load_dataset(cfg.dataset, cfg.data_path))
     options = {"widths": tuple(cfg.widths)} if cfg.widths else {}
     model = comm.agree(lambda: build_model(cfg.model, dataset.input_shape, dataset.num_classes, xp=xp,
                                            dtype=np.dtype(cfg.dtype), seed=cfg.seed, **options))
     comm.broadcast(model.params, root=0)
-    loader = comm.agree(lambda: ShardedLoader(dataset.train_x, dataset.train_y, cfg.batch_size, comm.rank, size,
-                                              seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment,
-                                              prefetch=backend.device() == "gpu"))
-    resources.enter_context(loader)      # closes its prefetch thread
-    E = loader.steps_per_epoch
+    loader = comm.agree(lambda: None if comm.rank >= workers else ShardedLoader(
+        dataset.train_x, dataset.train_y, cfg.batch_size, comm.rank, workers, seed=cfg.seed,
+        augment=None if cfg.augment == "none" else cfg.augment, prefetch=backend.device() == "gpu"))
+    if loader is not None:
+        resources.enter_context(loader)      # closes its prefetch thread
+    E = loader.steps_per_epoch if workers == size else comm.broadcast_object(
+        loader and loader.steps_per_epoch, root=0)
     total_steps = cfg.total_steps(E)
     algo_cfg = comm.agree(lambda: configuration.algo_config(cfg, soft, E, total_steps, size))
     cfg = configuration.resolved_settings(cfg, algo_cfg)
@@ -197,7 +201,7 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
         "train.total_steps": total_steps, "train.model": cfg.model}))
     return Job(cfg=cfg, algo_cfg=algo_cfg, dataset=dataset, model=model, loader=loader, algo=algo,
                state=TrainingState(model, algo, loader), evaluator=Evaluator(comm, model, algo, dataset),
-               E=E, total_steps=total_steps)
+               E=E, total_steps=total_steps, workers=workers)
 
 
 def resume(job: Job, comm, ckpt_path: str) -> None:
@@ -228,19 +232,21 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
     interval = Interval()
     with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
         while state.step < job.total_steps:
-            xb, yb = loader.next_batch()
-            if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
-                xb = xb.astype(model.dtype)
-            loss = algo.step(backend.to_device(xb), backend.to_device(yb))
+            if loader is None:              # an asgd server: it serves the workers' pushes, no loss
+                algo.step(None, None)
+            else:
+                xb, yb = loader.next_batch()
+                if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
+                    xb = xb.astype(model.dtype)
+                interval.add(float(algo.step(backend.to_device(xb), backend.to_device(yb))))
             state.step += 1
-            interval.add(float(loss))
             out.progress.advance(state.step)
             due = Due(cfg, state.step, job.E, job.total_steps)
             if not due.sync:
                 continue
 
             # -- synchronisation point: metrics, signals and divergence agreed by all ranks at once
-            sums = interval.reduce(comm, stop)
+            sums = interval.reduce(comm, stop, algo)
             log_interval(job, comm, out, sums, interval.steps)
             code, reason = stop_verdict(sums, due.planned_stop, cfg.stop_at_step, state.step)
             if code == DIVERGED_EXIT:       # a non-finite loss: stop at once, keep the last good checkpoint
@@ -309,15 +315,23 @@ class Interval:
         else:
             self.bad += 1
 
-    def reduce(self, comm, stop: Stop) -> dict:
+    def reduce(self, comm, stop: Stop, algo) -> dict:
         """Collective: sums over ranks of the interval's numbers, the signal flags and the
-        communication stats (one allreduce of a few float64 over the control communicator)."""
+        communication stats (one allreduce of a few float64 over the control communicator;
+        asgd adds its staleness, and one more allreduce for its maximum). Ranks without
+        training steps (asgd's servers) add no times or bytes: per-step means are the workers'."""
         c = comm.stats.snapshot_and_reset()
+        stale = algo.interval_staleness() if hasattr(algo, "interval_staleness") else {}
+        wall = time.monotonic() - self.t0
+        mine = 1.0 if self.steps else 0.0    # per-step means are over the ranks that take steps
         sums = comm.allreduce_scalars({
             "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": self.bad, "loss": self.loss,
-            "steps": self.steps, "wall": time.monotonic() - self.t0, "inflight_s": c["inflight_s"],
-            "wait_s": c["wait_s"], "bytes_sent": c["bytes_sent"]}, op="sum")
-        sums["my_steps"], sums["my_wall"] = self.steps, time.monotonic() - self.t0
+            "steps": self.steps, "wall": wall * mine, "inflight_s": c["inflight_s"] * mine,
+            "wait_s": c["wait_s"] * mine, "bytes_sent": c["bytes_sent"] * mine,
+            **{k: v for k, v in stale.items() if k != "stale_max"}}, op="sum")
+        if stale:
+            sums["stale_max"] = comm.allreduce_scalars({"m": stale["stale_max"]}, op="max")["m"]
+        sums["my_steps"], sums["my_wall"] = self.steps, wall
         return sums
 
 
@@ -330,7 +344,9 @@ def step_record(sums: dict, global_batch: int) -> dict:
     per = max(1.0, sums["steps"])   # rank-steps in the interval
     step_s = sums["wall"] / per
     good = sums["steps"] - sums["bad"]
-    return {"loss": sums["loss"] / good if good > 0 else None,
+    stale = ({"staleness_mean": sums["stale_sum"] / sums["stale_n"] if sums["stale_n"] else 0.0,
+              "staleness_max": int(sums["stale_max"])} if "stale_n" in sums else {})
+    return {**stale, "loss": sums["loss"] / good if good > 0 else None,
             "samples_per_s": sums["my_steps"] * global_batch / sums["my_wall"] if sums["my_wall"] > 0 else None,
             "step_s": step_s, "compute_s": step_s - sums["wait_s"] / per,
             "inflight_s": sums["inflight_s"] / per, "wait_s": sums["wait_s"] / per,
@@ -343,7 +359,7 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
     the running totals, the display."""
     algo, state, step, E = job.algo, job.state, job.state.step, job.E
     record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage, "time": state.time_s(),
-              "lr": algo.lr_global, "lr_local": algo.lr_local, **step_record(sums, job.cfg.batch_size * comm.size)}
+              "lr": algo.lr_global, "lr_local": algo.lr_local, **step_record(sums, job.cfg.batch_size * job.workers)}
     for key in ("compute_s", "inflight_s", "wait_s", "bytes_sent"):
         state.totals[key] += record[key] * steps
     state.totals["steps"] += steps
@@ -432,7 +448,8 @@ def _summary(job: Job, size: int, run_time: float) -> None:
     summary = {"status": "done", "algo": cfg.algo, "world_size": size, "model": cfg.model,
                "num_params": int(job.model.params.size), "dataset": job.dataset.name, "step": state.step,
                "epoch": state.step / job.E, "time": run_time, "stage": job.algo.stage,
-               "samples_per_s": totals["steps"] * cfg.batch_size * size / totals["wall"] if totals["wall"] else 0.0,
+               "samples_per_s": (totals["steps"] * cfg.batch_size * job.workers / totals["wall"]
+                                 if totals["wall"] else 0.0),
                **state.last_eval,
                **({k: totals[k] / steps for k in ("compute_s", "inflight_s", "wait_s", "bytes_sent")}
                   if totals["steps"] else {}),
@@ -503,9 +520,12 @@ def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
     cfg, algo_cfg, model, dataset = job.cfg, job.algo_cfg, job.model, job.dataset
     what = (f"{cfg.algo}" + (f" (k={algo_cfg.delay}, comm {algo_cfg.comm}, warm-up {algo_cfg.warmup_steps} steps)"
                              if cfg.algo in ("ssd", "odsgd") else f" (k={algo_cfg.delay})" if cfg.algo == "localsgd"
-                             else ""))
+                             else f" ({algo_cfg.servers} server(s), {job.workers} worker(s), order "
+                                  f"{algo_cfg.asgd_order}, warm-up {algo_cfg.warmup_steps} steps)"
+                             if cfg.algo == "asgd" else ""))
+    per = "worker" if job.workers < size else "rank"
     return (f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
-            f"batch {cfg.batch_size} per rank, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
+            f"batch {cfg.batch_size} per {per}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
             f"run directory {cfg.run_dir}"
             + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))

@@ -7,6 +7,9 @@ tree a checkpoint stores for this rank (layout: ``ssdmpi/checkpoint/format.py``)
     {"algo": algo.state_dict(), "model": {"params", "buffers"}, "loader": loader.state_dict(),
      "trainer": {"step", "elapsed", "train_s", "last_eval"}}
 
+A rank without a loader (``loader=None``: an asgd server, which trains on no data) has no
+``"loader"`` entry.
+
 Clock: ``time_s()`` is the run's wall time across resumes (evaluations and checkpoints
 included), ``train_s()`` the same counting training steps only (the sync-point intervals
 summed in ``totals["wall"]``).
@@ -54,7 +57,7 @@ class TrainingState:
         return {"algo": self.algo.state_dict(),
                 "model": {"params": backend.to_host(self.model.params).copy(),
                           "buffers": {k: backend.to_host(v).copy() for k, v in self.model.buffers().items()}},
-                "loader": self.loader.state_dict(),
+                **({"loader": self.loader.state_dict()} if self.loader is not None else {}),
                 "trainer": {"step": self.step, "elapsed": self.time_s(), "train_s": self.train_s(),
                             "last_eval": self.last_eval}}
 
@@ -72,7 +75,8 @@ class TrainingState:
         self.algo.load_state_dict(state["algo"])
         if state.get("model", {}).get("buffers"):
             self.model.load_buffers({k: backend.to_device(v) for k, v in state["model"]["buffers"].items()})
-        self.loader.load_state_dict(state["loader"])
+        if self.loader is not None:
+            self.loader.load_state_dict(state["loader"])
         trainer = state.get("trainer", {})
         self.step, self.elapsed0 = int(trainer.get("step", self.algo.t)), float(trainer.get("elapsed", 0.0))
         self.train_s0 = float(trainer.get("train_s", 0.0))
@@ -80,6 +84,7 @@ class TrainingState:
 
     def check_consistent(self, source: str) -> None:
         """Collective ``UserError`` unless trainer, algorithm and loader agree on the step."""
-        if self.step != self.algo.t or self.step != self.loader.iteration:
+        position = self.step if self.loader is None else self.loader.iteration
+        if self.step != self.algo.t or self.step != position:
             raise UserError(f"{source} is inconsistent: trainer step {self.step}, algorithm t {self.algo.t}, "
-                            f"loader position {self.loader.iteration}", collective=True)
+                            f"loader position {position}", collective=True)

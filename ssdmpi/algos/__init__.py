@@ -1,4 +1,5 @@
-"""Training algorithms (ALGORITHM.md): ``ssgd``, ``ssd`` (both schedules), ``odsgd``, ``localsgd``.
+"""Training algorithms (ALGORITHM.md): ``ssgd``, ``ssd`` (both schedules), ``odsgd``, ``localsgd``,
+``asgd`` (parameter-server ranks; ``asgd.py`` says where it differs from the API below).
 
 Build one with ``build_algorithm(config, model, communicator)``; ``reference.py`` is the
 single-process simulator of ``N`` workers that the tests use as the oracle.
@@ -65,6 +66,7 @@ from ssdmpi.algos.config import ALGOS, COMMS, DEFAULT_COMM, AlgoConfig
 
 def build_algorithm(config: AlgoConfig, model, communicator):
     """The algorithm ``config.algo`` on ``model`` (see the module docstring for the API)."""
+    from ssdmpi.algos.asgd import ASGD
     from ssdmpi.algos.base import SSGD
     from ssdmpi.algos.localsgd import LocalSGD
     from ssdmpi.algos.ssd import ODSGD, SSDPeriod, SSDStep
@@ -72,6 +74,8 @@ def build_algorithm(config: AlgoConfig, model, communicator):
     cfg = config.validate(world_size=communicator.size)
     if cfg.algo == "ssgd":
         return SSGD(cfg, model, communicator)
+    if cfg.algo == "asgd":
+        return ASGD(cfg, model, communicator)
     if cfg.algo == "localsgd":
         return LocalSGD(cfg, model, communicator)
     if cfg.algo == "odsgd":

@@ -16,8 +16,10 @@ from ssdmpi.optim.local import LOCAL_UPDATES
 from ssdmpi.optim.schedules import LRSchedule
 from ssdmpi.validate import choice, is_int, nonnegative_int, number
 
-ALGOS = ("ssgd", "ssd", "odsgd", "localsgd")
+ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")
 COMMS = ("step", "period")
+ASGD_ORDERS = ("arrival", "round-robin")   # asgd: pushes applied as they arrive, or in worker order (tests)
+DEFAULT_SERVERS = 1
 # The sparsified schedule is the default: at k = 5 its rule delta-own keeps W within 1 point
 # of SSGD on the reference tasks (docs/PERIOD_RULE.md section 7, docs/ACCURACY.md).
 DEFAULT_COMM = "period"
@@ -50,7 +52,7 @@ class AlgoConfig:
     local-update counter ``m``.
     """
 
-    algo: str = "ssd"                     # ssgd | ssd | odsgd | localsgd
+    algo: str = "ssd"                     # ssgd | ssd | odsgd | localsgd | asgd
     delay: int | None = None              # k; None: 5 (ssd, localsgd), 1 (odsgd)
     warmup_steps: int = 500               # T_w: SSGD iterations before the delay stage
     comm: str | None = None               # step | period (ssd); None: DEFAULT_COMM for ssd, step for odsgd
@@ -65,6 +67,8 @@ class AlgoConfig:
     momentum: float = 0.9                 # mu
     weight_decay: float = 1e-4            # lam (weights and BN gamma only)
     glu_divisor: float | None = None      # C (glu-paper); None: 12
+    servers: int | None = None            # asgd: parameter-server ranks (the last ones); None: 1
+    asgd_order: str | None = None         # asgd: arrival | round-robin; None: arrival
 
     # --- what each algorithm uses -----------------------------------------------------
 
@@ -94,6 +98,8 @@ class AlgoConfig:
                             f"got {self.delay!r}")
         if self.comm is not None:
             choice("comm", self.comm, COMMS)
+        if a == "asgd" or self.servers is not None or self.asgd_order is not None:
+            return self._validate_asgd(world_size)
         if a == "ssgd" and self.delay is not None:
             raise UserError("--delay does not apply to --algo ssgd (blocking allreduce every step); drop it")
         if a in ("ssgd", "localsgd") and self.comm is not None:
@@ -143,6 +149,29 @@ class AlgoConfig:
                                        else None)
         resolved.global_schedule()
         resolved.local_schedule()
+        return resolved
+
+    def _validate_asgd(self, world_size: int | None) -> AlgoConfig:
+        """``--algo asgd`` (docs/ALGORITHM.md section 11): only the global optimizer's settings apply."""
+        if self.algo != "asgd":
+            flag = "--servers" if self.servers is not None else "--asgd-order"
+            raise UserError(f"{flag} applies only to --algo asgd; drop it")
+        for name in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule", "glu_divisor"):
+            if getattr(self, name) is not None:
+                raise UserError(f"--{name.replace('_', '-')} does not apply to --algo asgd "
+                                "(a parameter server applying each push); drop it")
+        servers = DEFAULT_SERVERS if self.servers is None else self.servers
+        if not is_int(servers) or servers < 1:
+            raise UserError(f"--servers must be an integer >= 1 (parameter-server ranks), got {servers!r}")
+        if self.asgd_order is not None:
+            choice("asgd-order", self.asgd_order, ASGD_ORDERS)
+        if world_size is not None and world_size <= servers:
+            raise UserError(f"--algo asgd with --servers {servers} needs at least {servers + 1} ranks (the servers "
+                            f"and at least one worker), got {world_size}; run more ranks or use fewer --servers")
+        if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
+            raise UserError(f"lr warm-up must be an integer number of steps >= 0, got {self.lr_warmup_steps!r}")
+        resolved = dataclasses.replace(self, servers=int(servers), asgd_order=self.asgd_order or ASGD_ORDERS[0])
+        resolved.global_schedule()
         return resolved
 
     # --- derived objects (on a resolved config) ----------------------------------------

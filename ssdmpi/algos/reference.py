@@ -270,17 +270,121 @@ class Simulation:
         self.pending = None
 
 
+class ASGDSimulation:
+    """``--algo asgd --asgd-order round-robin`` (ALGORITHM.md 11): one server state, ``K`` workers.
+
+    ``world_size`` counts every rank, ``K = world_size - servers`` of them workers (sharding
+    the server changes no arithmetic: the update is elementwise). ``batches`` holds the
+    ``K`` workers' loaders (``ShardedLoader(x, y, B, w, K, seed)``) or is ``batches(w, t)``.
+    After each ``step()``: ``W``, ``M``, ``s`` (updates applied), ``t``, ``L[w]`` (the weights
+    worker ``w`` pulled last and computes on next), ``version[w]`` (``s`` when it pulled),
+    ``staleness`` (one entry per update, in order) and ``losses`` (one per worker).
+    """
+
+    def __init__(self, config, model_factory, batches, world_size: int):
+        self.cfg = c = config.validate(world_size=int(world_size))
+        self.K = int(world_size) - c.servers
+        self.model = model_factory()
+        self.mask = np.asarray(self.model.flat.decay_mask())
+        self.sched = c.global_schedule()
+        self.mu, self.lam, self.T_w = c.momentum, c.weight_decay, c.warmup_steps
+        if callable(batches):
+            self._batch = batches
+        else:
+            loaders = list(batches)
+            if len(loaders) != self.K:
+                raise ValueError(f"need {self.K} worker loaders, got {len(loaders)}")
+            self._batch = lambda w, t: loaders[w].next_batch()
+        self.W = np.array(self.model.params, copy=True)
+        self.M = np.zeros_like(self.W)
+        self.L = [self.W.copy() for _ in range(self.K)]
+        self.version = [0] * self.K
+        self.t = self.s = 0
+        self.staleness, self.losses = [], []
+        bufs = self.model.buffers()
+        self._bn = [{k: np.array(v, copy=True) for k, v in bufs.items()} for _ in range(self.K)] if bufs else None
+
+    @property
+    def stage(self) -> str:
+        return "warmup" if self.t < self.T_w else "async"
+
+    def _grad(self, w: int):
+        x, y = self._batch(w, self.t)
+        self.model.params[...] = self.L[w]
+        if self._bn:
+            self.model.load_buffers(self._bn[w])
+        loss = self.model.loss_and_grad(x, y)
+        if self._bn:
+            self._bn[w] = {k: np.array(v, copy=True) for k, v in self.model.buffers().items()}
+        return loss, np.array(self.model.grads, copy=True)
+
+    def _update(self, G):
+        """The server's momentum SGD (ALGORITHM.md 3) at the lr of iteration ``t``."""
+        eta = self.sched(self.t)
+        self.M = self.mu * self.M - eta * (self.lam * (self.mask * self.W) + G)
+        self.W = self.W + self.M
+        self.s += 1
+
+    def step(self) -> list:
+        """Iteration ``t``: SSGD through the server in the warm-up, else each worker in turn pushes
+        its gradient (computed on its last pull), the server applies it, the worker pulls."""
+        if self.t < self.T_w:
+            out = [self._grad(w) for w in range(self.K)]
+            grads = [g for _, g in out]
+            while len(grads) > 1:        # pairwise, in worker order
+                grads = [grads[i] + grads[i + 1] if i + 1 < len(grads) else grads[i]
+                         for i in range(0, len(grads), 2)]
+            self.staleness += [0] * self.K
+            self._update(grads[0] / self.K if self.K > 1 else grads[0])
+            self.L = [self.W.copy() for _ in range(self.K)]
+            self.version = [self.s] * self.K
+        else:
+            out = []
+            for w in range(self.K):
+                loss, g = self._grad(w)
+                out.append((loss, g))
+                self.staleness.append(self.s - self.version[w])
+                self._update(g)
+                self.L[w] = self.W.copy()
+                self.version[w] = self.s
+        self.t += 1
+        self.losses = [loss for loss, _ in out]
+        return self.losses
+
+    def finalize(self):
+        """Nothing is ever in flight between iterations."""
+
+    def accuracy(self, weights, x, y, batch_size: int = 1000) -> tuple[float, float]:
+        """As ``Simulation.accuracy`` (worker 0's BatchNorm statistics)."""
+        saved = np.array(self.model.params, copy=True)
+        self.model.params[...] = weights
+        if self._bn:
+            self.model.load_buffers(self._bn[0])
+        loss_sum, correct = 0.0, 0
+        try:
+            for i in range(0, len(x), batch_size):
+                batch_loss, batch_correct = self.model.evaluate(x[i:i + batch_size], y[i:i + batch_size])
+                loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+        finally:
+            self.model.params[...] = saved
+        return correct / len(x), loss_sum / len(x)
+
+
 def simulate(config, model_factory, batches, steps: int, world_size: int | None = None, callback=None) -> Simulation:
     """Run ``steps`` iterations of ``N`` simulated workers; return the ``Simulation``.
 
-    ``world_size`` defaults to ``len(batches)`` when ``batches`` is a list of loaders.
+    ``world_size`` defaults to ``len(batches)`` when ``batches`` is a list of loaders (for
+    asgd: pass it, servers included). asgd runs ``ASGDSimulation`` (round-robin order).
     ``callback(sim)`` runs after every iteration; returning True stops early.
     """
     if world_size is None:
         if callable(batches):
             raise ValueError("world_size is required when batches is a callable")
         world_size = len(batches)
-    sim = Simulation(config, model_factory, batches, world_size)
+    if config.algo == "asgd":
+        sim = ASGDSimulation(config, model_factory, batches, world_size)
+    else:
+        sim = Simulation(config, model_factory, batches, world_size)
     for _ in range(int(steps)):
         sim.step()
         if callback is not None and callback(sim):

@@ -28,6 +28,13 @@ Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` tou
   ``agree(fn)``, ``any_true(flag)``, ``allreduce_scalars(values, op)``, and the state-tree
   transport of checkpoints: ``gather_trees(tree, root)`` / ``scatter_trees(tree_of, root)``
   (one rank's tree at a time on the root).
+- Point-to-point (nonblocking, on the gradient duplicate; used by the ``asgd`` parameter
+  server): ``send_start(buf, dest, tag)`` and ``recv_start(buf, source, tag)`` (``source=None``:
+  any source) return a ``P2PHandle`` with ``test()``, ``wait()`` (returns ``buf``; a receive
+  then knows its ``source``); ``wait_all(handles)``. Do not touch ``buf`` until ``wait()``.
+  These are not collective: ranks post different numbers of them, so they take no ``#seq``
+  of their own; a wait is watched by the stall watchdog under the ``#seq`` of the rank's
+  latest collective operation and named ``Isend #7.3 to rank 2 (tag 11, 4.1 KB)``.
 - ``free()``: collective; finishes outstanding requests, stops helper threads, frees the
   duplicated communicators. ``with Communicator(...) as comm:`` calls it on a normal exit
   (on an exception it only stops the threads: the other ranks may not be there to free).
@@ -112,6 +119,32 @@ class AllreduceHandle:
         return self.buf
 
 
+class P2PHandle:
+    """A nonblocking send or receive of ``buf`` in flight; see the module contract."""
+
+    __slots__ = ("buf", "what", "nbytes", "source", "seq", "_owner", "_work", "_request", "_is_recv",
+                 "_t_posted", "_final")
+
+    def __init__(self, owner, buf, work, request, what: str, seq: int, is_recv: bool, t_posted: float):
+        self.buf, self.what, self.nbytes, self.seq = buf, what, buf.nbytes, seq
+        self.source = None
+        self._owner, self._work, self._request, self._is_recv = owner, work, request, is_recv
+        self._t_posted, self._final = t_posted, False
+
+    def __str__(self) -> str:
+        return self.what
+
+    def test(self) -> bool:
+        """True when the transfer has completed (call ``wait`` to finalise it)."""
+        return self._final or self._request.Test()
+
+    def wait(self):
+        """Block until complete; return ``buf`` (a receive's ``source`` is then set)."""
+        if not self._final:
+            self._owner._finish_p2p(self)
+        return self.buf
+
+
 class Communicator:
     """Gradient/weight traffic and control traffic on separate private duplicates.
 
@@ -159,6 +192,7 @@ class Communicator:
         self._thread = CommThread() if strategy == "thread" else None
         self._pending: list = []     # handles not yet finalised, in posting order
         self._seq = 0
+        self._p2p_seq = 0            # point-to-point operations posted (named, not collective)
         atexit.register(self._stop_threads)
 
     # -- gradient traffic --------------------------------------------------------------
@@ -194,6 +228,47 @@ class Communicator:
                     break   # one MPI_Test drives the whole progress engine
             # Data moves inside these calls, on the caller's time: count it as exposed.
             self.stats.add_exposed(_clock() - start)
+
+    # -- point-to-point traffic (not collective; see the module contract) ------------------
+    def send_start(self, buf, dest: int, tag: int) -> P2PHandle:
+        """Start sending ``buf`` to rank ``dest`` with ``tag``; do not write ``buf`` until ``wait()``."""
+        return self._post_p2p(buf, dest, tag, recv=False)
+
+    def recv_start(self, buf, source: int | None, tag: int) -> P2PHandle:
+        """Start receiving into ``buf`` from ``source`` (None: any rank) with ``tag``; do not touch
+        ``buf`` until ``wait()``, which sets the handle's ``source``."""
+        return self._post_p2p(buf, source, tag, recv=True)
+
+    def wait_all(self, handles) -> None:
+        """``wait()`` for every handle, in order."""
+        for handle in handles:
+            handle.wait()
+
+    def _post_p2p(self, buf, peer, tag: int, recv: bool) -> P2PHandle:
+        t_posted = _clock()
+        self._p2p_seq += 1
+        work = self.transport.to_mpi(buf)
+        if recv:
+            source = self._MPI.ANY_SOURCE if peer is None else peer
+            request = self._comm.Irecv(work, source=source, tag=tag)
+            where = "from any rank" if peer is None else f"from rank {peer}"
+        else:
+            request = self._comm.Isend(work, dest=peer, tag=tag)
+            where = f"to rank {peer}"
+        what = (f"{'Irecv' if recv else 'Isend'} #{self._seq}.{self._p2p_seq} {where} "
+                f"(tag {tag}, {format_bytes(buf.nbytes)})")
+        return P2PHandle(self, buf, work, request, what, self._seq, recv, t_posted)
+
+    def _finish_p2p(self, handle) -> None:
+        t_wait = _clock()
+        status = self._MPI.Status()
+        self._watched(handle, handle.seq, handle._request.Wait, status)
+        handle._final = True
+        if handle._is_recv:
+            handle.source = status.Get_source()
+            self.transport.from_mpi(handle.buf, handle._work)
+        t_end = _clock()
+        self.stats.record(0 if handle._is_recv else handle.nbytes, t_end - handle._t_posted, t_end - t_wait, 0.0)
 
     # -- control traffic: blocking and collective, on the control duplicate -------------
     # Pickled (lowercase) mpi4py calls are fine here: mpi4py 4.x releases the GIL inside MPI for them

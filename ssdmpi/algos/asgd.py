@@ -1,0 +1,258 @@
+"""``--algo asgd``: asynchronous SGD with parameter-server ranks (docs/ALGORITHM.md section 11).
+
+Roles: of the ``N`` ranks, the last ``S = --servers`` are servers and ranks ``0..K-1``
+(``K = N - S``) are workers; worker ``w`` is rank ``w`` and reads data shard ``w`` of ``K``.
+Server ``j`` (rank ``K + j``) owns the contiguous slice ``shard(j)`` of the flat parameter
+buffer: its part of ``W`` and ``M``, updated with ``MomentumSGD`` (ALGORITHM.md 3).
+
+One iteration ``t`` (one ``step()``), after the warm-up:
+
+- worker: gradient ``g`` (its mean gradient) on the weights it pulled last; post the
+  receives of every server's fresh slice into ``model.params``, post the sends of ``g``'s
+  slices, wait for all (the servers work in parallel; the next gradient needs the pull,
+  so there is nothing else to overlap with);
+- server: serve ``K`` pushes, each in turn: receive a slice (from any worker in
+  ``arrival`` order, from worker ``0, 1, ..., K-1`` in ``round-robin`` order), record its
+  staleness ``s - version[w]``, apply ``M <- mu*M - eta_g(t_w)*(lam*mask*W + g)``,
+  ``W <- W + M``, ``s += 1`` (``t_w``: the iteration the gradient belongs to), send ``W``'s
+  slice back to that worker and set ``version[w] = s``.
+
+In the warm-up (``t < T_w``) the same exchange is SSGD: a server receives the ``K`` pushes
+of iteration ``t`` in worker order, applies one update with their mean (summed pairwise in
+worker order), and sends the new slice to every worker.
+
+Between iterations nothing is in flight but the servers' last replies, which ``drain()``
+completes. ``drain()`` also refreshes ``W`` on every rank: each server broadcasts its slice,
+so ``global_weights()`` is the servers' ``W`` after a drain (on a server its own slice is
+live: it IS that rank's part of the replica). ``local_weights()`` is None: evaluation reports
+``W`` only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ssdmpi import backend
+from ssdmpi.errors import UserError
+from ssdmpi.optim.sgd import MomentumSGD
+
+PUSH_TAG, PULL_TAG = 7401, 7402
+
+
+def worker_count(size: int, servers: int) -> int:
+    """Ranks that train (the first ``size - servers``); the others are servers."""
+    return int(size) - int(servers)
+
+
+def shard(num_params: int, j: int, servers: int) -> slice:
+    """Server ``j``'s contiguous slice of the flat buffer (sizes differ by at most one)."""
+    base, extra = divmod(int(num_params), int(servers))
+    start = j * base + min(j, extra)
+    return slice(start, start + base + (1 if j < extra else 0))
+
+
+def pairwise_sum(xs: list):
+    """``(x0 + x1) + (x2 + x3)`` in list order (``x0`` itself for one element)."""
+    xs = list(xs)
+    while len(xs) > 1:
+        xs = [xs[i] + xs[i + 1] if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+    return xs[0]
+
+
+class ASGD:
+    """The parameter-server baseline; the public API of ``ssdmpi.algos`` (stage ``warmup``|``async``)."""
+
+    name = "asgd"
+
+    def __init__(self, config, model, communicator):
+        self.config, self.model, self.comm = config, model, communicator
+        self.N, self.S = int(communicator.size), int(config.servers)
+        self.K = worker_count(self.N, self.S)
+        self.T_w = int(config.warmup_steps)
+        self.round_robin = config.asgd_order == "round-robin"
+        self.xp = backend.array_module(model.params)
+        self.schedule = config.global_schedule()
+        self.shards = [shard(model.params.size, j, self.S) for j in range(self.S)]
+        self.server_ranks = [self.K + j for j in range(self.S)]
+        self.is_server = communicator.rank >= self.K
+        self.W = model.params.copy()      # replica of the servers' W (see the module docstring)
+        self.t = self.s = 0
+        self.stale_sum = self.stale_n = self.stale_max = 0
+        if self.is_server:
+            self._init_server(model)
+
+    def _init_server(self, model) -> None:
+        self.j = self.comm.rank - self.K
+        sl = self.shards[self.j]
+        self.Wj = self.W[sl]
+        self.Mj = self.xp.zeros_like(self.Wj)
+        self.sgd = MomentumSGD(self.config.momentum, self.config.weight_decay, model.flat.decay_mask()[sl])
+        self.version = np.zeros(self.K, dtype=np.int64)   # s when each worker last pulled
+        self.pushes = np.zeros(self.K, dtype=np.int64)    # pushes applied per worker (its next t)
+        self._inbox = [self.xp.empty_like(self.Wj) for _ in range(self.K)]
+        self._outbox = [self.xp.empty_like(self.Wj) for _ in range(self.K)]
+        self._replies = [None] * self.K
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def stage(self) -> str:
+        return "warmup" if self.t < self.T_w else "async"
+
+    m = None           # no local-update counter
+    lr_local = None    # no local learning rate
+
+    @property
+    def lr_global(self) -> float:
+        """``eta_g(t)``: the learning rate of the next iteration's updates."""
+        return self.schedule(self.t)
+
+    def global_weights(self):
+        """The servers' ``W`` as of the last ``drain()`` (a view; do not modify)."""
+        return self.W
+
+    def local_weights(self):
+        return None
+
+    def step(self, x, y) -> float | None:
+        """Iteration ``t``: a worker's gradient, push and pull (returns its loss); a server's ``K``
+        pushes (returns None). ``x, y`` are ignored on a server."""
+        if self.is_server:
+            self._serve_warmup() if self.t < self.T_w else self._serve_async()
+            loss = None
+        else:
+            loss = self._push_pull(x, y)
+            self.s += 1 if self.t < self.T_w else self.K    # what the servers applied meanwhile
+        self.t += 1
+        return loss
+
+    def drain(self) -> None:
+        """Collective: complete the replies in flight, then every rank's ``W`` <- the servers' slices."""
+        if self.is_server:
+            for w in range(self.K):
+                self._wait_reply(w)
+        for j, root in enumerate(self.server_ranks):
+            self.comm.broadcast(self.W[self.shards[j]], root=root)
+
+    def finalize(self) -> None:
+        self.drain()
+
+    def interval_staleness(self) -> dict:
+        """This rank's staleness sums since the last call (then reset): ``stale_sum``, ``stale_n``, ``stale_max``."""
+        out = {"stale_sum": self.stale_sum, "stale_n": self.stale_n, "stale_max": self.stale_max}
+        self.stale_sum = self.stale_n = self.stale_max = 0
+        return out
+
+    def signature(self) -> dict:
+        d = {f"algo.{k}": v for k, v in self.config.to_dict().items() if v is not None}
+        d.update({"algo.world_size": self.N, "algo.num_params": int(self.model.params.size),
+                  "algo.dtype": str(self.model.params.dtype)})
+        return d
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"ASGD(asgd, N={self.N}, servers={self.S}, workers={self.K}, order={c.asgd_order}, "
+                f"T_w={self.T_w}, lr={c.lr}, momentum={c.momentum}, weight_decay={c.weight_decay}, "
+                f"t={self.t}, stage={self.stage})")
+
+    # --- worker --------------------------------------------------------------------------
+
+    def _push_pull(self, x, y) -> float:
+        loss = self.model.loss_and_grad(x, y)
+        g, params = self.model.grads, self.model.params
+        backend.synchronize()
+        pulls = [self.comm.recv_start(params[sl], rank, PULL_TAG) for sl, rank in zip(self.shards, self.server_ranks)]
+        pushes = [self.comm.send_start(g[sl], rank, PUSH_TAG) for sl, rank in zip(self.shards, self.server_ranks)]
+        self.comm.wait_all(pushes + pulls)
+        return loss
+
+    # --- server --------------------------------------------------------------------------
+
+    def _serve_warmup(self) -> None:
+        """SSGD: the ``K`` pushes of iteration ``t`` in worker order, one update with their mean."""
+        handles = [self.comm.recv_start(self._inbox[w], w, PUSH_TAG) for w in range(self.K)]
+        self.comm.wait_all(handles)
+        G = self._inbox[0] if self.K == 1 else pairwise_sum(self._inbox) / self.K
+        self.sgd.step(self.Wj, self.Mj, G, self.schedule(self.t))
+        self.s += 1
+        self.stale_n += self.K
+        for w in range(self.K):
+            self.pushes[w] += 1
+            self._reply(w)
+
+    def _serve_async(self) -> None:
+        """``K`` pushes, each applied as it arrives (or in worker order with ``round-robin``)."""
+        buf = self._inbox[0]
+        for i in range(self.K):
+            handle = self.comm.recv_start(buf, i if self.round_robin else None, PUSH_TAG)
+            handle.wait()
+            w = handle.source
+            staleness = int(self.s - self.version[w])
+            self.stale_sum += staleness
+            self.stale_n += 1
+            self.stale_max = max(self.stale_max, staleness)
+            self.sgd.step(self.Wj, self.Mj, buf, self.schedule(int(self.pushes[w])))
+            self.s += 1
+            self.pushes[w] += 1
+            self._reply(w)
+
+    def _reply(self, w: int) -> None:
+        """Send ``W``'s slice to worker ``w`` (from its own buffer: ``W`` changes before it is sent)."""
+        self._wait_reply(w)
+        self._outbox[w][...] = self.Wj
+        self.version[w] = self.s
+        self._replies[w] = self.comm.send_start(self._outbox[w], w, PULL_TAG)
+
+    def _wait_reply(self, w: int) -> None:
+        if self._replies[w] is not None:
+            self._replies[w].wait()
+            self._replies[w] = None
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Collective (drains first). Every rank: ``algo``, ``role``, ``t``, ``s`` (updates the
+        servers applied), ``stage``; a worker
+        also ``L`` (the weights it pulled and computes on next); a server ``W_shard``, ``M_shard``,
+        ``shard`` ([start, stop)), ``version`` and ``pushes`` (per worker)."""
+        self.drain()
+        d = {"algo": self.name, "role": "server" if self.is_server else "worker", "t": int(self.t),
+             "s": int(self.s), "stage": self.stage}
+        if self.is_server:
+            sl = self.shards[self.j]
+            d.update(W_shard=backend.to_host(self.Wj).copy(), M_shard=backend.to_host(self.Mj).copy(),
+                     shard=np.array([sl.start, sl.stop], dtype=np.int64), version=self.version.copy(),
+                     pushes=self.pushes.copy())
+        else:
+            d["L"] = backend.to_host(self.model.params).copy()
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restore ``state_dict()`` output into an ASGD built with the same config and world size."""
+        if str(d.get("algo")) != self.name:
+            raise UserError(f"the checkpoint holds the state of algorithm {d.get('algo')!r}, not {self.name!r}")
+        role = "server" if self.is_server else "worker"
+        if str(d.get("role")) != role:
+            raise UserError(f"rank {self.comm.rank} is a {role} but the checkpoint holds a {d.get('role')}'s "
+                            "state there; resume with the same number of ranks and --servers")
+        if self.is_server:
+            sl = self.shards[self.j]
+            if list(np.asarray(d["shard"])) != [sl.start, sl.stop] or len(np.asarray(d["version"])) != self.K:
+                raise UserError("the checkpoint's server shards do not fit this model and --servers")
+            self._wait_all_replies()
+            self.Wj[...] = self.xp.asarray(d["W_shard"])
+            self.Mj[...] = self.xp.asarray(d["M_shard"])
+            self.version[...] = np.asarray(d["version"])
+            self.pushes[...] = np.asarray(d["pushes"])
+        else:
+            if np.asarray(d["L"]).shape != self.model.params.shape:
+                raise UserError(f"the checkpoint's algorithm state L does not fit this model "
+                                f"({self.model.params.size} parameters); was it trained with another model?")
+            self.model.params[...] = self.xp.asarray(d["L"])
+        self.t, self.s = int(d["t"]), int(d["s"])
+        # W elsewhere than on its server is refreshed by the next drain(): not here, because a
+        # rank that raised above must not leave the others waiting in a broadcast.
+
+    def _wait_all_replies(self) -> None:
+        for w in range(self.K):
+            self._wait_reply(w)

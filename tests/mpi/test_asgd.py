@@ -1,0 +1,171 @@
+"""``--algo asgd`` on N MPI ranks (tests/run.py: 1, 2 and 4; 3 ranks: tests/unit/test_asgd_cli.py).
+
+The round-robin order against the single-process reference (``ASGDSimulation``) step by
+step, BITWISE at every size: the server's arithmetic is elementwise and its warm-up mean is
+summed in worker order, so no MPI reduction order is involved. With one worker ASGD is SGD.
+The free-running (arrival) order trains and resumes; round-robin resumes bitwise; a signal on
+a server stops every rank at the next sync point. At 1 rank only the error is testable.
+"""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ssdmpi.algos import AlgoConfig, build_algorithm
+from ssdmpi.algos.asgd import ASGD
+from ssdmpi.algos.reference import ASGDSimulation, Simulation
+from ssdmpi.cli import main
+from ssdmpi.comm.communicator import Communicator
+from ssdmpi.data import ShardedLoader as Loader
+from ssdmpi.errors import REQUEUE_EXIT
+from tests.mpi.test_algos import B, dataset, tiny_mlp
+from tests.mpi.test_resume import COMMON, newest_checkpoint, shared_tmpdir, stop_and_resume_differences
+from tests.mpi.test_train import records
+
+SIZE, RANK = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+needs_two = pytest.mark.skipif(SIZE < 2, reason="asgd needs a server and a worker: at least 2 ranks")
+
+
+@pytest.fixture
+def communicator():
+    c = Communicator(MPI.COMM_WORLD)
+    yield c
+    c.free()
+
+
+def staleness_totals(algo) -> tuple:
+    """(sum over servers of staleness sums, of counts, max) since the last call."""
+    st = algo.interval_staleness()
+    got = MPI.COMM_WORLD.allgather((st["stale_sum"], st["stale_n"], st["stale_max"]))
+    return sum(g[0] for g in got), sum(g[1] for g in got), max(g[2] for g in got)
+
+
+@needs_two
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_round_robin_matches_the_reference_bitwise(communicator, servers, dtype):
+    if servers >= SIZE:
+        pytest.skip(f"{servers} servers need more than {SIZE} ranks")
+    K = SIZE - servers
+    cfg = AlgoConfig(algo="asgd", servers=servers, asgd_order="round-robin", warmup_steps=3, lr=0.05,
+                     lr_schedule={"kind": "step", "every": 7, "gamma": 0.5})
+    x, y = dataset(dtype=dtype)
+    factory = tiny_mlp(dtype)
+    model = factory()
+    algo = build_algorithm(cfg, model, communicator)
+    assert isinstance(algo, ASGD) and algo.is_server == (RANK >= K)
+    loader = Loader(x, y, B, RANK, K, seed=7) if RANK < K else None
+    sim = ASGDSimulation(cfg, factory, [Loader(x, y, B, w, K, seed=7) for w in range(K)], SIZE)
+    seen = 0
+    for t in range(12):
+        loss = algo.step(*(loader.next_batch() if loader else (None, None)))
+        sim.step()
+        algo.drain()     # completes the replies and refreshes W; does not change the trajectory
+        assert (algo.t, algo.s, algo.stage) == (sim.t, sim.s, sim.stage), f"counters at t={t}"
+        assert np.array_equal(algo.global_weights(), sim.W), f"W at t={t}"
+        if RANK < K:
+            assert loss == sim.losses[RANK]
+            assert np.array_equal(model.params, sim.L[RANK]), f"worker {RANK}'s pulled weights at t={t}"
+        total, count, biggest = staleness_totals(algo)
+        new = sim.staleness[seen:]
+        seen = len(sim.staleness)
+        # every server records every update's staleness (the same in round-robin order)
+        assert (total, count, biggest) == (servers * sum(new), servers * len(new), max(new)), f"staleness at t={t}"
+    assert sim.staleness[-K:] == [K - 1] * K      # steady state: the other K-1 workers pushed in between
+
+
+@needs_two
+def test_one_worker_is_sgd(communicator):
+    """K = 1 (every other rank a server), free-running order: bitwise single-process SGD."""
+    cfg = AlgoConfig(algo="asgd", servers=SIZE - 1, warmup_steps=2, lr=0.05)
+    x, y = dataset()
+    factory = tiny_mlp()
+    model = factory()
+    algo = build_algorithm(cfg, model, communicator)
+    loader = Loader(x, y, B, 0, 1, seed=3) if RANK == 0 else None
+    sgd = Simulation(AlgoConfig(algo="ssgd", lr=0.05), factory, [Loader(x, y, B, 0, 1, seed=3)], 1)
+    for t in range(10):
+        algo.step(*(loader.next_batch() if loader else (None, None)))
+        sgd.step()
+        algo.drain()
+        assert np.array_equal(algo.global_weights(), sgd.W), f"W at t={t}"
+        if RANK == 0:
+            assert np.array_equal(model.params, sgd.W)
+
+
+ARGS = COMMON + ["--algo", "asgd", "--warmup-steps", "10"]
+
+
+@needs_two
+@pytest.mark.timeout(300)
+def test_round_robin_resumes_bitwise():
+    S = 40
+    args = ARGS + ["--steps", str(S), "--asgd-order", "round-robin"]
+    diff, compared = stop_and_resume_differences(args, S, 10, 1, check_mid_period=False)
+    assert diff == [], f"not bitwise identical after resume: {diff}"
+    assert "model/global_weights" in compared and f"rank_{SIZE - 1:04d}/algo/W_shard" in compared
+    assert "rank_0000/algo/L" in compared
+
+
+@needs_two
+@pytest.mark.timeout(300)
+def test_free_running_trains_logs_staleness_and_resumes():
+    tmp = shared_tmpdir()
+    run = os.path.join(tmp, "run")
+    args = ARGS + ["--steps", "60", "--log-every", "5", "--run-dir", run]
+    assert MPI.COMM_WORLD.allgather(main(["train", "--stop-at-step", "25"] + args)) == [REQUEUE_EXIT] * SIZE
+    assert MPI.COMM_WORLD.allgather(main(["train", "--resume", "auto"] + args)) == [0] * SIZE
+    if RANK == 0:
+        steps = records(run, "step")
+        numbers = [r["step"] for r in steps]      # every 5 steps, plus each epoch's end
+        assert numbers == sorted(set(numbers)) and set(range(5, 61, 5)) <= set(numbers)
+        asynchronous = [r for r in steps if r["stage"] == "async"]
+        assert asynchronous and all(r["staleness_max"] >= r["staleness_mean"] >= 0 for r in asynchronous)
+        assert all(r["staleness_max"] == 0 for r in steps if r["stage"] == "warmup")
+        (final,) = records(run, "eval")
+        assert final["test_acc"] > 0.5        # 60 steps of batch 8 on digits: far above chance (0.1)
+
+
+@needs_two
+@pytest.mark.timeout(300)
+def test_signal_on_a_server_checkpoints_everywhere_and_resume_matches(monkeypatch):
+    tmp = shared_tmpdir()
+    straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
+    args = ARGS + ["--steps", "40", "--log-every", "4", "--asgd-order", "round-robin"]
+    assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", straight] + args)) == [0] * SIZE
+    original = ASGD._serve_async
+
+    def serve(self):
+        if self.t == 21:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return original(self)
+
+    if RANK == SIZE - 1:
+        monkeypatch.setattr(ASGD, "_serve_async", serve)
+    assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", split] + args)) == [REQUEUE_EXIT] * SIZE
+    monkeypatch.setattr(ASGD, "_serve_async", original)
+    assert newest_checkpoint(split) == "ckpt-00000024.h5"     # the next sync point after step 22
+    assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", split, "--resume", "auto"] + args)) == [0] * SIZE
+    from tests.mpi.test_resume import differences
+
+    diff = None
+    if RANK == 0:
+        diff = differences(os.path.join(straight, "checkpoints", newest_checkpoint(straight)),
+                           os.path.join(split, "checkpoints", newest_checkpoint(split)))
+    assert MPI.COMM_WORLD.bcast(diff, root=0) == []
+
+
+@pytest.mark.parametrize("extra", [[], ["--servers", str(SIZE)], ["--servers", "0"]], ids=["default", "S=N", "S=0"])
+def test_too_few_ranks_or_bad_servers_is_one_line_exit_2(capsys, extra):
+    if not extra and SIZE > 1:
+        pytest.skip("the default (1 server) is fine with 2 or more ranks")
+    tmp = shared_tmpdir()
+    code = main(["train", "--run-dir", os.path.join(tmp, "run"), "--algo", "asgd"] + extra + COMMON + ["--steps", "5"])
+    assert MPI.COMM_WORLD.allgather(code) == [2] * SIZE
+    err = capsys.readouterr().err
+    if RANK == 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in err and "--servers" in lines[0], err

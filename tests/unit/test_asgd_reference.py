@@ -1,0 +1,89 @@
+"""The reference ASGD (``ASGDSimulation``, round-robin order) and asgd's settings, without MPI."""
+
+import numpy as np
+import pytest
+
+from ssdmpi.algos import AlgoConfig
+from ssdmpi.algos.asgd import pairwise_sum, shard
+from ssdmpi.algos.reference import ASGDSimulation, Simulation, simulate
+from ssdmpi.data import ShardedLoader
+from ssdmpi.errors import UserError
+from ssdmpi.nn import build_model
+
+FEATURES, CLASSES, B = 6, 3, 4
+
+
+def data(n=160, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, FEATURES)), rng.integers(0, CLASSES, size=n)
+
+
+def factory():
+    return build_model("mlp", (FEATURES,), CLASSES, widths=(5,), dtype=np.float64, seed=1)
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_one_worker_is_sgd_bitwise(warmup):
+    x, y = data()
+    asgd = ASGDSimulation(AlgoConfig(algo="asgd", warmup_steps=warmup, lr=0.05), factory,
+                          [ShardedLoader(x, y, B, 0, 1, seed=2)], world_size=2)
+    sgd = Simulation(AlgoConfig(algo="ssgd", lr=0.05), factory, [ShardedLoader(x, y, B, 0, 1, seed=2)], 1)
+    for _ in range(12):
+        assert asgd.step() == sgd.step()
+        assert np.array_equal(asgd.W, sgd.W) and np.array_equal(asgd.M, sgd.M)
+    assert asgd.staleness == [0] * 12 and asgd.s == 12
+
+
+def test_warmup_is_ssgd_over_the_workers_then_staleness_is_k_minus_1():
+    x, y = data()
+    K, T_w = 3, 4
+    cfg = AlgoConfig(algo="asgd", servers=2, warmup_steps=T_w, lr=0.05)
+    asgd = ASGDSimulation(cfg, factory, [ShardedLoader(x, y, B, w, K, seed=2) for w in range(K)], world_size=K + 2)
+    ssgd = Simulation(AlgoConfig(algo="ssgd", lr=0.05), factory,
+                      [ShardedLoader(x, y, B, w, K, seed=2) for w in range(K)], K)
+    for _ in range(T_w):
+        asgd.step()
+        ssgd.step()
+        assert np.array_equal(asgd.W, ssgd.W)
+    assert asgd.stage == "async" and asgd.s == T_w     # the next iteration is asynchronous
+    asgd.step()
+    assert asgd.s == T_w + K
+    assert asgd.staleness[-K:] == [0, 1, 2]        # the first async round: all pulled the same W
+    asgd.step()
+    assert asgd.staleness[-K:] == [K - 1] * K
+    assert np.array_equal(asgd.L[K - 1], asgd.W) and not np.array_equal(asgd.L[0], asgd.W)
+
+
+def test_simulate_dispatches_asgd():
+    x, y = data()
+    sim = simulate(AlgoConfig(algo="asgd", warmup_steps=1), factory,
+                   [ShardedLoader(x, y, B, w, 2, seed=0) for w in range(2)], 3, world_size=3)
+    assert isinstance(sim, ASGDSimulation) and sim.t == 3 and sim.s == 1 + 2 * 2
+
+
+def test_shards_cover_the_buffer_and_pairwise_sum_order():
+    for n, S in ((10, 1), (10, 3), (2, 2), (7, 4)):
+        parts = [shard(n, j, S) for j in range(S)]
+        assert parts[0].start == 0 and parts[-1].stop == n
+        assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+        assert max(p.stop - p.start for p in parts) - min(p.stop - p.start for p in parts) <= 1
+    xs = [np.array([v]) for v in (1e16, 1.0, -1e16, 1.0)]
+    assert pairwise_sum(xs)[0] == (1e16 + 1.0) + (-1e16 + 1.0)
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(servers=2), "needs at least 3 ranks"),
+    (dict(servers=0), "--servers must be an integer >= 1"),
+    (dict(asgd_order="random"), "asgd-order"),
+    (dict(delay=5), "--delay does not apply to --algo asgd"),
+])
+def test_bad_asgd_settings(settings, match):
+    with pytest.raises(UserError, match=match):
+        AlgoConfig(algo="asgd", **settings).validate(world_size=2)
+
+
+def test_asgd_settings_on_another_algorithm_are_rejected():
+    with pytest.raises(UserError, match="--servers applies only to --algo asgd"):
+        AlgoConfig(algo="ssgd", servers=1).validate(world_size=2)
+    resolved = AlgoConfig(algo="asgd").validate(world_size=2)
+    assert (resolved.servers, resolved.asgd_order) == (1, "arrival")
