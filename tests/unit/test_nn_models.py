@@ -163,7 +163,7 @@ def test_bn_running_statistics_follow_pytorch_momentum():
     model = build_model("resnet20", (3, 6, 6), 10, dtype=np.float64)
     x, labels = batch((3, 6, 6), n=5, classes=10)
     model.forward(x)
-    conv_out = model.layers[1].forward(model.layers[0].forward(x))   # conv1 on the channel-major batch       # conv1's output, channel-major
+    conv_out = model.layers[1].forward(model.layers[0].forward(x))   # conv1 on the channel-major batch
     per_channel = conv_out.reshape(16, -1)
     np.testing.assert_allclose(model.buffers()["bn1.running_mean"], 0.1 * per_channel.mean(axis=1), rtol=1e-12)
     np.testing.assert_allclose(model.buffers()["bn1.running_var"], 0.9 + 0.1 * per_channel.var(axis=1, ddof=1),
