@@ -94,7 +94,9 @@ def choose_threads(node: Node, requested: int | None, environ=None) -> tuple[int
     environ = os.environ if environ is None else environ
     if requested is not None:
         return requested, "--threads"
-    given = [f"{name}={environ[name]}" for name in THREAD_VARIABLES if environ.get(name)]
+    # a value this process wrote itself (an earlier run in the same process) is not the user's
+    given = [f"{name}={environ[name]}" for name in THREAD_VARIABLES
+             if environ.get(name) and environ.get(name) != _written.get(name)]
     if given:
         return None, f"{', '.join(given)} set by the user"
     n = max(1, min(node.cpus, node.node_cpus // node.local_size))
@@ -149,11 +151,12 @@ def limit_threads(n: int) -> None:
     from threadpoolctl import threadpool_limits
 
     for name in THREAD_VARIABLES:
-        os.environ[name] = str(n)
+        os.environ[name] = _written[name] = str(n)
     _limiter = threadpool_limits(limits=n)
 
 
 _limiter = None   # kept: the limits hold while it lives
+_written: dict = {}   # the thread variables limit_threads set, by name
 
 
 def blas_threads() -> int | None:

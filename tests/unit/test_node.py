@@ -158,3 +158,17 @@ def test_usable_cpus_is_this_process_affinity():
     import os
 
     assert node.usable_cpus() == set(os.sched_getaffinity(0))
+
+
+def test_thread_variables_this_process_wrote_are_not_the_users(monkeypatch):
+    """A second run in the same process (tests, the Python API) still chooses for itself."""
+    from ssdmpi.comm import node as node_module
+
+    for name in node_module.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(node_module, "_written", {})
+    here = node_module.Node(host="h", local_rank=0, local_size=2, cpus=4, node_cpus=4)
+    node_module.limit_threads(2)
+    assert node_module.choose_threads(here, None) == (2, "4 usable CPUs on h / 2 local ranks")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")            # the user's own value wins
+    assert node_module.choose_threads(here, None)[1] == "OMP_NUM_THREADS=3 set by the user"
