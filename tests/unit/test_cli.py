@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -70,7 +71,7 @@ def test_exception_on_one_rank_aborts_the_whole_job_naming_it(tmp_path):
         "comm.Barrier()   # rank 0 would wait here forever without the abort\n"
         "time.sleep(60)\n")
     start = time.monotonic()
-    result = subprocess.run([mpiexec(), "-n", "2", "python", str(script)], capture_output=True, text=True,
+    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
                             timeout=60, cwd=str(tmp_path.parent),
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     elapsed = time.monotonic() - start
