@@ -14,7 +14,7 @@ run appends to the same file). Two kinds of record:
     in flight, blocked waiting for one), bytes_sent (per step per rank), overlap (fraction
     of in-flight time hidden behind compute); with asgd the times and bytes are the workers'
     (the servers take no steps) and staleness_mean / staleness_max (over the interval's
-    server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.train.step_record``
+    server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.loop.step_record``
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
     step, epoch, stage, time, train_s, test_acc, test_loss (the global model W), and in the delay
     stage test_acc_local, test_loss_local (rank 0's local model L)

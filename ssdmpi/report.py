@@ -1,0 +1,81 @@
+"""What rank 0 tells the user during ``ssdmpi train``: ``config.yaml``, ``metrics.jsonl``, the
+progress display and the line that opens a run (``Reporter``). Other ranks get a silent one."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ssdmpi.train import Job
+
+
+class Reporter:
+    """Rank 0's side of a run: ``config.yaml``, ``metrics.jsonl`` (``write``), the progress
+    display (``progress``, ``message``). Other ranks get a silent one. A context manager:
+    leaving closes the display and the metrics file."""
+
+    def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
+        from ssdmpi import __version__, backend, run_setup
+        from ssdmpi.metrics import MetricsLog, Progress, atomic_write, launcher_on_terminal
+
+        cfg, step = job.cfg, job.state.step
+        self.log = None
+        if comm.rank == 0:
+            metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
+            if ckpt_path is not None:
+                run_setup.trim_metrics(metrics_path, step)
+            atomic_write(os.path.join(cfg.run_dir, "config.yaml"),
+                         cfg.to_yaml() + f"# rank 0 ran with: {job.placement.describe()}\n")
+            self.log = MetricsLog(metrics_path)
+            self.log.write({"kind": "start", "step": step, "time": job.state.elapsed0, "world_size": comm.size,
+                            "resumed_from": ckpt_path, "version": __version__, "backend": backend.reason(),
+                            "progress": comm.strategy, "steps_per_epoch": job.E, "total_steps": job.total_steps,
+                            "num_params": int(job.model.params.size), "placement": job.placement.as_dict(),
+                            "config": cfg.to_dict()})
+        show_bar = cfg.progress_bar and (sys.stderr.isatty() or launcher_on_terminal())
+        self.progress = Progress(job.total_steps, initial=step, enabled=comm.rank == 0, bar=show_bar)
+        self.message(_intro(job, comm.size, ckpt_path))
+        self.message(f"rank 0: {job.placement.describe()}")
+        if job.placement.shared_gpu:
+            self.message(f"note: {job.placement.shared_gpu}")
+        if ckpt_meta is not None:
+            from ssdmpi.config import changed_settings
+
+            changes = changed_settings(ckpt_meta.get("config", {}), cfg)
+            if changes:
+                self.message("settings changed since the checkpoint: " + ", ".join(changes))
+
+    def write(self, record: dict) -> None:
+        if self.log is not None:
+            self.log.write(record)
+
+    def message(self, text: str) -> None:
+        self.progress.message(text)
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.close()
+        if self.log is not None:
+            self.log.close()
+
+
+def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
+    """The line that opens a run: what trains on what, where."""
+    from ssdmpi import backend
+
+    cfg, algo_cfg, model, dataset = job.cfg, job.algo_cfg, job.model, job.dataset
+    what = (f"{cfg.algo}" + (f" (k={algo_cfg.delay}, comm {algo_cfg.comm}, warm-up {algo_cfg.warmup_steps} steps)"
+                             if cfg.algo in ("ssd", "odsgd") else f" (k={algo_cfg.delay})" if cfg.algo == "localsgd"
+                             else f" ({algo_cfg.servers} server(s), {job.workers} worker(s), order "
+                                  f"{algo_cfg.asgd_order}, warm-up {algo_cfg.warmup_steps} steps)"
+                             if cfg.algo == "asgd" else ""))
+    per = "worker" if job.workers < size else "rank"
+    return (f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
+            f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
+            f"batch {cfg.batch_size} per {per}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
+            f"run directory {cfg.run_dir}"
+            + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))
