@@ -81,7 +81,7 @@ class TrainConfig:
     # algorithm (ALGORITHM.md sections 1, 4, 5). None: the algorithm's own default (see
     # ssdmpi.algos.config); a setting that does not apply to --algo is an error.
     algo: str = "ssd"
-    delay: int | None = None           # k
+    delay: int | str | None = None     # k, or "auto" (chosen from the warm-up's measurements)
     warmup_steps: int | None = None    # SSGD warm-up iterations (None and no warmup_epochs: 0)
     warmup_epochs: float | None = None
     comm: str | None = None            # communication schedule of ssd
@@ -108,6 +108,8 @@ class TrainConfig:
     log_every: int = 10                # steps between metrics lines (and signal checks)
     seed: int = 0
     progress_bar: bool = True          # rank 0 shows a tqdm bar on a terminal
+    tensorboard: bool = False          # also write TensorBoard event files (RUN/tensorboard/)
+    csv: bool = False                  # also write the step and eval records as CSV (RUN/*.csv)
     stop_at_step: int | None = None    # checkpoint and exit 85 after this step (testing, job splitting)
 
     def validate(self) -> TrainConfig:
@@ -141,7 +143,7 @@ class TrainConfig:
         positive_int("epochs", self.epochs)
         if self.steps is not None:
             positive_int("steps", self.steps)
-        if self.delay is not None:
+        if self.delay is not None and self.delay != "auto":
             positive_int("delay", self.delay)
         if self.widths is not None:
             if not isinstance(self.widths, (list, tuple)) or not self.widths or \
@@ -174,8 +176,9 @@ class TrainConfig:
         nonnegative_int("seed", self.seed)
         if self.stop_at_step is not None:
             positive_int("stop-at-step", self.stop_at_step)
-        if not isinstance(self.progress_bar, bool):
-            raise UserError(f"progress_bar must be true or false, got {self.progress_bar!r}")
+        for name in ("progress_bar", "tensorboard", "csv"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("run_dir", "data_path", "period_rule"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -300,6 +303,20 @@ def default_help(name: str, presets: dict | None = None) -> str:
     return text + (f"; set by preset {', '.join(others)}" if others else "")
 
 
+
+def delay_value(text: str):
+    """``--delay``: a positive integer k, or ``auto``."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer k or auto, got {text!r}") from None
+
+
+
 # (field, flag keywords, what it is). Help adds the choices and "(default: ...)".
 _FLAGS = {
     "data and model": [
@@ -323,7 +340,8 @@ _FLAGS = {
     ],
     "algorithm (docs/ALGORITHM.md)": [
         ("algo", {"choices_help": ALGOS}, "training algorithm"),
-        ("delay", {"type": int, "metavar": "K"}, "steps delay k"),
+        ("delay", {"type": delay_value, "metavar": "K|auto"},
+         "steps delay k; auto: the smallest k that hides the allreduce, measured in the warm-up"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
          "SSGD warm-up in epochs (instead of --warmup-steps)"),
@@ -359,8 +377,12 @@ _FLAGS = {
         ("log_every", {"type": int, "metavar": "STEPS"}, "metrics line every N steps"),
         ("stop_at_step", {"type": int, "metavar": "N"},
          "checkpoint and exit with code 85 after step N (as if preempted)"),
+        ("tensorboard", {"action": "store_const", "const": True},
+         "also write TensorBoard event files to RUN/tensorboard (needs tensorboardX)"),
+        ("csv", {"action": "store_const", "const": True}, "also write steps.csv and evals.csv next to metrics.jsonl"),
     ],
 }
+
 
 
 def add_arguments(parser) -> None:
