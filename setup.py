@@ -38,6 +38,8 @@ setup(
         "mpich": ["mpich"],
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib>=3.6"],
+        # ssdmpi train --tensorboard (event files; no PyTorch). tensorboard itself only reads them.
+        "tensorboard": ["tensorboardX>=2.6"],
         # torch is a test oracle only; .ci/run installs the CPU build (torch==2.13.0) explicitly.
         "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "ruff>=0.5"],
     },

@@ -22,7 +22,8 @@ run appends to the same file). Two kinds of record:
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
 placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
 reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
-checkpoint to resume from). ``ssdmpi plot`` reads these files.
+checkpoint to resume from). ``ssdmpi plot`` reads these files; ``--csv`` and ``--tensorboard``
+write the step and eval records again for other tools (ssdmpi/loggers.py).
 ``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
 """
 

@@ -184,6 +184,41 @@ class Run:
         return None
 
 
+# Settings that tell runs apart in a legend: each one whose value differs between the runs of
+# a figure is added to every label (``ssd period k=5 seed=1 lr=0.1``), as ``name=value``.
+LEGEND_SETTINGS = (("seed", "seed"), ("lr", "lr"), ("batch_size", "batch"), ("model", "model"),
+                   ("dataset", "data"), ("widths", "widths"))
+
+
+def _setting_text(value) -> str:
+    if value is None:
+        return "?"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def differing_settings(runs) -> list:
+    """The ``(setting, name)`` pairs of ``LEGEND_SETTINGS`` whose values differ between ``runs``."""
+    return [(key, name) for key, name in LEGEND_SETTINGS
+            if len({_setting_text(run.setting(key)) for run in runs}) > 1]
+
+
+def _suffix(run, differing) -> str:
+    return "".join(f" {name}={_setting_text(run.setting(key))}" for key, name in differing)
+
+
+def legend_labels(runs) -> list:
+    """One legend label per run, each different from the others where the runs differ: ``Run.label``
+    plus every ``LEGEND_SETTINGS`` value that differs between the runs; two runs that still
+    read the same (repeats of one setting) get their directory names added."""
+    differing = differing_settings(runs)
+    labels = [run.label + _suffix(run, differing) for run in runs]
+    return [f"{label} ({run.path.name})" if labels.count(label) > 1 else label for label, run in zip(labels, runs)]
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -276,11 +311,11 @@ def _save(fig, path: Path) -> Path:
 def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = 0
-    for run in runs:
+    for run, label in zip(runs, legend_labels(runs)):
         xs, ys = run.series(run.evals, x, "test_acc")
         if not xs:
             continue
-        ax.plot(xs, [100 * as_fraction(y) for y in ys], marker="o", markersize=3, label=run.label)
+        ax.plot(xs, [100 * as_fraction(y) for y in ys], marker="o", markersize=3, label=label)
         drawn += 1
     if not drawn:
         plt.close(fig)
@@ -300,14 +335,14 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
 def _loss_figure(plt, runs, prefix=""):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     drawn_left = drawn_right = 0
-    for run in runs:
+    for run, label in zip(runs, legend_labels(runs)):
         xs, ys = run.series(run.steps, "step", "loss")
         if xs:
-            left.plot(xs, ys, linewidth=1, label=run.label)
+            left.plot(xs, ys, linewidth=1, label=label)
             drawn_left += 1
         xs, ys = run.series(run.evals, "epoch", "test_loss")
         if xs:
-            right.plot(xs, ys, marker="o", markersize=3, label=run.label)
+            right.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn_right += 1
     if not drawn_left and not drawn_right:
         plt.close(fig)
@@ -328,8 +363,12 @@ def _loss_figure(plt, runs, prefix=""):
 
 
 def throughput_by_k(runs):
-    """{series label: sorted [(k, steady-state samples/s)]} plus the ssgd baseline (or None)."""
+    """{series label: sorted [(k, steady-state samples/s)]} plus the ssgd baseline (or None).
+
+    One series per algorithm/schedule and per value of each setting the runs differ in
+    (``ssd period seed=1``: see ``legend_labels``)."""
     lines, baseline = {}, None
+    differing = differing_settings(runs)
     for run in runs:
         sps = run.throughput()
         if sps is None:
@@ -339,7 +378,7 @@ def throughput_by_k(runs):
             continue
         if run.k is None:
             continue
-        name = run.label.rsplit(" k=", 1)[0]
+        name = run.label.rsplit(" k=", 1)[0] + _suffix(run, differing)
         lines.setdefault(name, []).append((run.k, sps))
     return {name: sorted(points) for name, points in lines.items()}, baseline
 

@@ -1,5 +1,6 @@
-"""What rank 0 tells the user during ``ssdmpi train``: ``config.yaml``, ``metrics.jsonl``, the
-progress display and the line that opens a run (``Reporter``). Other ranks get a silent one."""
+"""What rank 0 tells the user during ``ssdmpi train``: ``config.yaml``, ``metrics.jsonl`` and the
+loggers beside it (``--csv``, ``--tensorboard``: ssdmpi/loggers.py), the progress display and the
+line that opens a run (``Reporter``). Other ranks get a silent one."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ if TYPE_CHECKING:
 
 
 class Reporter:
-    """Rank 0's side of a run: ``config.yaml``, ``metrics.jsonl`` (``write``), the progress
-    display (``progress``, ``message``). Other ranks get a silent one. A context manager:
-    leaving closes the display and the metrics file."""
+    """Rank 0's side of a run: ``config.yaml``, ``metrics.jsonl`` and the ``--csv`` /
+    ``--tensorboard`` loggers (``write`` sends every record to each), the progress display
+    (``progress``, ``message``). Other ranks get a silent one. A context manager: leaving
+    closes the display, the metrics file and the loggers."""
 
     def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
-        from ssdmpi import __version__, backend, run_setup
+        from ssdmpi import __version__, backend, loggers, run_setup
         from ssdmpi.metrics import MetricsLog, Progress, atomic_write, launcher_on_terminal
 
         cfg, step = job.cfg, job.state.step
-        self.log = None
+        self.log, self.loggers = None, []
         if comm.rank == 0:
             metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
             if ckpt_path is not None:
@@ -29,6 +31,7 @@ class Reporter:
             atomic_write(os.path.join(cfg.run_dir, "config.yaml"),
                          cfg.to_yaml() + f"# rank 0 ran with: {job.placement.describe()}\n")
             self.log = MetricsLog(metrics_path)
+            self.loggers = loggers.open_loggers(cfg, step if ckpt_path is not None else None)
             self.log.write({"kind": "start", "step": step, "time": job.state.elapsed0, "world_size": comm.size,
                             "resumed_from": ckpt_path, "version": __version__, "backend": backend.reason(),
                             "progress": comm.strategy, "steps_per_epoch": job.E, "total_steps": job.total_steps,
@@ -50,6 +53,8 @@ class Reporter:
     def write(self, record: dict) -> None:
         if self.log is not None:
             self.log.write(record)
+        for logger in self.loggers:
+            logger.write(record)
 
     def message(self, text: str) -> None:
         self.progress.message(text)
@@ -59,6 +64,8 @@ class Reporter:
 
     def __exit__(self, *exc) -> None:
         self.progress.close()
+        for logger in self.loggers:
+            logger.close()
         if self.log is not None:
             self.log.close()
 

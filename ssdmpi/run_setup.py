@@ -46,6 +46,9 @@ def configure(args, world_size: int):
         elif cfg.run_dir is None:
             cfg.run_dir = configuration.default_run_dir(cfg)
     soft = configuration.soft_settings(args, ckpt_meta is not None)
+    from ssdmpi.loggers import check_available
+
+    check_available(cfg)      # --tensorboard without tensorboardX: say so before anything is written
     prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape

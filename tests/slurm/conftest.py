@@ -270,12 +270,14 @@ exit 0
             raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
         return r
 
-    def sbatch(self, script: Path, *args: str, cwd: Path, env: dict | None = None) -> int:
+    def sbatch(self, script: Path, *args: str, cwd: Path, env: dict | None = None,
+               script_args: tuple | list = ()) -> int:
         """Submit ``script`` from directory ``cwd`` with extra sbatch ``args``; return the job id.
 
-        ``env`` adds variables to the job's environment (sbatch exports its own)."""
+        ``env`` adds variables to the job's environment (sbatch exports its own);
+        ``script_args`` follow the script (``sbatch jobs/train.sbatch --epochs 3``)."""
         full = dict(self.env, **(env or {}))
-        r = self.run(["sbatch", "--parsable", *args, str(script)], cwd=cwd, env=full)
+        r = self.run(["sbatch", "--parsable", *args, str(script), *script_args], cwd=cwd, env=full)
         return int(r.stdout.strip().split(";")[0])
 
     def job(self, job_id) -> dict:

@@ -11,6 +11,9 @@
 - ``jobs/sweep.sbatch`` runs a 2-task array with different delays k into separate run
   directories, through the templates' other launcher (MPICH's ``mpiexec``), with one of
   the tasks preempted and requeued on its own;
+- the jobs' own arguments (``sbatch jobs/train.sbatch --epochs 3``) reach ``ssdmpi train``;
+  ``MAX_RESTARTS`` ends a job that would requeue once more; a sweep array whose size does not
+  match its values fails every task with the reason;
 - ``jobs/bench.sbatch`` leaves ``bench train``'s tables in its run directory.
 
 Every job runs with small settings passed through the templates' own variables
@@ -148,6 +151,58 @@ def test_train_job_runs_with_its_defaults(slurm_cluster, trainer, tmp_path):
     assert final_state(run_dir)["step"] == summary["step"]
 
 
+def test_train_job_passes_its_arguments_to_ssdmpi_train(slurm_cluster, trainer, tmp_path):
+    """``sbatch jobs/train.sbatch --epochs 3 --seed 5``: the template's defaults, and the job's
+    own arguments on top (issue 13.10: they used to be dropped); it trains exactly 3 epochs."""
+    job = slurm_cluster.sbatch(JOBS / "train.sbatch", cwd=tmp_path,
+                               script_args=("--epochs", "3", "--seed", "5", "--no-progress-bar"))
+    run_dir, out = tmp_path / "runs" / f"ssdmpi-train-{job}", tmp_path / f"ssdmpi-train-{job}.out"
+    (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
+    why = slurm_cluster.explain(job, [out])
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", why
+    (start,) = records(run_dir, "start")
+    assert start["config"]["epochs"] == 3 and start["config"]["seed"] == 5, start["config"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epoch"] == 3.0 and summary["step"] == 3 * start["steps_per_epoch"], summary
+    assert final_state(run_dir)["step"] == summary["step"]
+
+
+def test_restart_cap_ends_the_job_instead_of_requeueing(slurm_cluster, trainer, tmp_path):
+    """MAX_RESTARTS=1: the first signal requeues the job, the second (SLURM_RESTART_COUNT=1)
+    checkpoints and ends it with 85 and a line saying why."""
+    args = (TRAIN_ARGS.replace(f"--steps {STEPS}", "--steps 1000000").replace("--log-every 5", "--log-every 20")
+            .replace("--keep-checkpoints 0", "--keep-checkpoints 2"))
+    job, run_dir, out = submit_train(slurm_cluster, tmp_path, SSDMPI_ARGS=args, MAX_RESTARTS="1")
+    signal_mid_training(slurm_cluster, job, run_dir, out)
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (len(starts := records(run_dir, "start")) == 2 and
+               [r for r in records(run_dir, "step") if r["step"] > starts[1]["step"]]):
+        if time.monotonic() > deadline or slurm_cluster.finished(job):
+            pytest.fail(f"job {job} was not requeued and resumed\n{slurm_cluster.explain(job, [out])}")
+        time.sleep(0.5)
+    slurm_cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
+    (record,) = slurm_cluster.wait_done(job, JOB_TIMEOUT, [out])
+    text, why = out.read_text(), slurm_cluster.explain(job, [out])
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "85:0" and record["Restarts"] == "1", why
+    assert text.count("ssdmpi train exited with 85") == 2 and text.count("checkpointed: requeueing job") == 1, why
+    assert f"not requeueing job {job}: it has been restarted 1 times (MAX_RESTARTS=1)" in text, why
+    assert [s["exit_code"] for s in records(run_dir, "stop")] == [85, 85], why
+
+
+@pytest.mark.parametrize("array, why", [("0-2", "too many array tasks"), ("0", "too few array tasks")])
+def test_sweep_array_of_the_wrong_size_fails_every_task_saying_why(slurm_cluster, tmp_path, array, why):
+    job = slurm_cluster.sbatch(JOBS / "sweep.sbatch", f"--array={array}", cwd=tmp_path,
+                               env={"SWEEP_VALUES": "1 3"})
+    tasks = slurm_cluster.wait_done(job, JOB_TIMEOUT, sorted(tmp_path.glob("*.out")))
+    outs = sorted(tmp_path.glob(f"ssdmpi-sweep-{job}_*.out"))
+    explain = slurm_cluster.explain(job, outs)
+    assert len(tasks) == len(outs) == (3 if array == "0-2" else 1), explain
+    assert all(t["JobState"] == "FAILED" and t["ExitCode"] == "2:0" for t in tasks), explain
+    for out in outs:
+        assert f"error: {why}" in out.read_text() and "submit with --array=0-1" in out.read_text(), explain
+    assert not (tmp_path / "runs").exists(), explain
+
+
 def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_cluster, uninterrupted,
                                                                          tmp_path):
     cwd = tmp_path
@@ -216,7 +271,8 @@ def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, tra
     (hydra's mpiexec must forward SIGUSR1 to the ranks, and an array task requeues alone)."""
     args = TRAIN_ARGS.replace("--delay 3 ", "")
     job = slurm_cluster.sbatch(JOBS / "sweep.sbatch", "--array=0-1", cwd=tmp_path,
-                               env={"SSDMPI_ARGS": args, "SWEEP_VALUES": "1 3", "LAUNCHER": "mpiexec"})
+                               env={"SSDMPI_ARGS": args, "SWEEP_VALUES": "1 3", "LAUNCHER": "mpiexec"},
+                               script_args=("--seed", "4"))    # after SSDMPI_ARGS' --seed 3: wins
     root = tmp_path / "runs" / f"ssdmpi-sweep-{job}"
     outs = [tmp_path / f"ssdmpi-sweep-{job}_{i}.out" for i in (0, 1)]
     signal_mid_training(slurm_cluster, f"{job}_0", root / "delay1", outs[0])
@@ -234,6 +290,7 @@ def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, tra
         starts = records(run_dir, "start")
         assert len(starts) == (2 if k == 1 else 1), why        # task 0 resumed once
         assert all(s["config"]["delay"] == k for s in starts), f"{run_dir} ran with another delay"
+        assert all(s["config"]["seed"] == 4 for s in starts), f"{run_dir}: the job's arguments were lost"
         state = final_state(run_dir)
         assert state["step"] == STEPS and state["world_size"] == 2
         finals[k] = state["W"]

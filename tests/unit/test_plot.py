@@ -136,3 +136,59 @@ def test_truncated_last_line_of_a_killed_run_is_skipped(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "lo')
     assert len(load_run(run).steps) == 4
+
+
+# ---- legends that tell runs apart ------------------------------------------------------------
+
+def configured_run(name, **config):
+    from pathlib import Path
+
+    from ssdmpi.plot import Run
+
+    return Run(path=Path("runs") / name, config=config)
+
+
+def test_legend_labels_add_the_seed_and_lr_where_runs_differ_in_them():
+    from ssdmpi.plot import legend_labels
+
+    ssd = {"algo": "ssd", "comm": "period", "delay": 5, "lr": 0.05}
+    runs = [configured_run("a", algo="ssgd", seed=0, lr=0.05), configured_run("b", **ssd, seed=0),
+            configured_run("c", **ssd, seed=1)]
+    assert legend_labels(runs) == ["ssgd seed=0", "ssd period k=5 seed=0", "ssd period k=5 seed=1"]
+    runs = [configured_run("a", **ssd, seed=0), configured_run("b", **dict(ssd, lr=0.1), seed=0)]
+    assert legend_labels(runs) == ["ssd period k=5 lr=0.05", "ssd period k=5 lr=0.1"]
+    runs = [configured_run("a", **ssd, seed=2), configured_run("b", **dict(ssd, lr=0.2), seed=3)]
+    assert legend_labels(runs) == ["ssd period k=5 seed=2 lr=0.05", "ssd period k=5 seed=3 lr=0.2"]
+
+
+def test_legend_labels_stay_short_when_runs_share_their_settings():
+    from ssdmpi.plot import legend_labels
+
+    runs = [configured_run("a", algo="ssgd", seed=0, lr=0.05),
+            configured_run("b", algo="ssd", comm="period", delay=5, seed=0, lr=0.05)]
+    assert legend_labels(runs) == ["ssgd", "ssd period k=5"]
+    # the same settings twice (repeats): the directory names tell them apart
+    runs = [configured_run("rep0", algo="ssgd", seed=0), configured_run("rep1", algo="ssgd", seed=0)]
+    assert legend_labels(runs) == ["ssgd (rep0)", "ssgd (rep1)"]
+
+
+def test_figures_and_throughput_lines_use_the_labels(tmp_path):
+    from ssdmpi.plot import _accuracy_figure, _pyplot, load_run, throughput_by_k
+
+    dirs = [write_run(tmp_path / f"s{seed}k{k}", algo="ssd", k=k, comm="period", sps=100.0 * k + seed)
+            for seed in (0, 1) for k in (2, 5)]
+    for seed_dir in dirs:    # the seed in the start record's config, as ssdmpi train writes it
+        lines = (seed_dir / "metrics.jsonl").read_text().splitlines()
+        start = json.loads(lines[0])
+        start["config"]["seed"] = int(seed_dir.name[1])
+        (seed_dir / "metrics.jsonl").write_text("\n".join([json.dumps(start)] + lines[1:]) + "\n")
+    runs = [load_run(d) for d in dirs]
+    plt = _pyplot()
+    fig = _accuracy_figure(plt, runs, "epoch", "epoch", "t")
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert texts == ["ssd period k=2 seed=0", "ssd period k=5 seed=0", "ssd period k=2 seed=1",
+                     "ssd period k=5 seed=1"]
+    lines, _ = throughput_by_k(runs)
+    assert lines == {"ssd period seed=0": [(2, pytest.approx(200.0)), (5, pytest.approx(500.0))],
+                     "ssd period seed=1": [(2, pytest.approx(201.0)), (5, pytest.approx(501.0))]}
