@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import types
 import sys
 
 from ssdmpi.config import add_arguments as _add_config_arguments
@@ -287,3 +288,16 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)
     print(text, flush=True)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``ssdmpi.train(config, model=None, dataset=None)`` is the Python API
+    (``ssdmpi/api.py``), while ``ssdmpi.train.run`` & co. stay what the CLI runs."""
+
+    def __call__(self, config=None, model=None, dataset=None):
+        from ssdmpi.api import train as api_train
+
+        return api_train(config, model=model, dataset=dataset)
+
+
+sys.modules[__name__].__class__ = _CallableModule
