@@ -43,8 +43,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
-import types
 import sys
+import types
 
 from ssdmpi.config import add_arguments as _add_config_arguments
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, UserError  # noqa: F401 (re-exported)

@@ -237,6 +237,7 @@ def build_model(name, input_shape, num_classes: int, **kwargs) -> Model:
     if isinstance(name, Model):
         return check_model(name, name.name, input_shape, num_classes, kwargs.get("xp"), kwargs.get("dtype"))
     label, builder, builtin = _factory(name)
+    kwargs = {"xp": np, "dtype": np.float32, "seed": 0, **kwargs}   # Model's defaults, for any factory
     params = inspect.signature(builder).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     allowed = set(params) - {"input_shape", "num_classes", "kwargs"}
