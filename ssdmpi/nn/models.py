@@ -12,6 +12,11 @@ Parameter counts (10 classes): mlp 784-512-512-10: 669,706; wide-mlp on 784 inpu
 83,126; resnet20 on 32x32x3, option A: 269,722 (the paper's 0.27 M), option B: 272,474.
 
 Images are NCHW; every model accepts (C, H, W) inputs, ``mlp`` also (features,).
+
+Your own models (docs/API.md): ``build_model`` also takes ``"package.module:factory"``, a
+factory, or a built ``Model``; ``register_model(name, factory)`` adds a name. A factory is
+``factory(input_shape, num_classes, *, xp, dtype, seed, **options) -> Model``, and what it
+returns is checked (``check_model``: a ``Model`` for these inputs, classes, array module, dtype).
 """
 
 from __future__ import annotations
