@@ -95,6 +95,7 @@ def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> list:
             f.write("ok")
         os.unlink(probe)
     except OSError as exc:
+        remove_created(created)
         raise UserError(f"cannot use run directory {run_dir}: {exc.strerror or exc}; "
                         "choose a writable one with --run-dir") from None
     if not resuming:
@@ -103,6 +104,7 @@ def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> list:
         if auto and not old and os.path.exists(metrics):
             os.replace(metrics, f"{metrics}.{time.strftime('%Y%m%d-%H%M%S')}.old")
         elif old or os.path.exists(metrics):
+            remove_created(created)
             raise UserError(f"run directory {run_dir} already holds a run; continue it with --resume auto "
                             "or choose another --run-dir")
     return created
