@@ -9,7 +9,7 @@ alone talks to the user and writes files (``ssdmpi/report.py``). The state a che
 
 Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``)::
 
-    config.yaml      the resolved configuration (feed it back with --config)
+    config.yaml      the resolved configuration (--config reads it back for a new run; its run_dir is a comment)
     metrics.jsonl    one JSON object per logged step and per evaluation (ssdmpi/metrics.py)
     checkpoints/     ckpt-<step>.h5, the newest --keep-checkpoints of them (ssdmpi/checkpoint/)
     summary.txt      the human summary, also printed at the end; summary.json for scripts
