@@ -50,15 +50,16 @@ not_callable = 3
 '''
 
 
-def test_a_user_script_trains_its_own_model_on_its_own_arrays_under_mpiexec(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 1, 4])
+def test_a_user_script_trains_its_own_model_on_its_own_arrays_under_mpiexec(tmp_path, ranks):
     shutil.copy(SCRIPTS / "user_script.py", tmp_path)
-    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, "user_script.py", str(tmp_path / "run")],
+    result = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, "user_script.py", str(tmp_path / "run")],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in lines) == [0, 1]
+    assert sorted(r["rank"] for r in lines) == list(range(ranks))
     for r in lines:
-        assert r["exit_code"] == 0 and r["world_size"] == 2 and r["model"] == "__main__:net"
+        assert r["exit_code"] == 0 and r["world_size"] == ranks and r["model"] == "__main__:net"
         assert r["input_shape"] == [20]                       # (N, D) arrays: flat feature vectors
         assert r["test_acc"] >= 0.7, r                        # 3 classes: chance is 0.33
         assert abs(r["own_acc"] - r["test_acc"]) <= 2 / 300   # the returned model holds the evaluated W
