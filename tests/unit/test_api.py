@@ -69,6 +69,18 @@ def test_a_user_script_trains_its_own_model_on_its_own_arrays_under_mpiexec(tmp_
     assert saved["model"] == "__main__:net" and saved["algo"] == "ssd" and saved["epochs"] == 4
 
 
+def test_a_script_trains_longer_with_resume_auto_bit_for_bit(tmp_path):
+    """Through the API as through the CLI: 2 epochs, then ``resume: auto`` to 4 == one 4-epoch run."""
+    shutil.copy(SCRIPTS / "resume_script.py", tmp_path)
+    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, "resume_script.py", str(tmp_path)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 2
+    for r in lines:
+        assert r == {"codes": [0, 0, 0], "steps": [80, 40, 80], "dataset": "mine", "same": True}
+
+
 def test_model_from_a_module_in_the_current_directory(tmp_path):
     (tmp_path / "mymodels.py").write_text(MYMODELS)
     result = run_cli(["train", "--model", "mymodels:net", "--run-dir", "run"] + SHORT, ranks=2, cwd=tmp_path)
