@@ -56,7 +56,7 @@ def test_a_user_script_trains_its_own_model_on_its_own_arrays_under_mpiexec(tmp_
     result = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, "user_script.py", str(tmp_path / "run")],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("run.rank*.json"))]
     assert sorted(r["rank"] for r in lines) == list(range(ranks))
     for r in lines:
         assert r["exit_code"] == 0 and r["world_size"] == ranks and r["model"] == "__main__:net"
@@ -75,7 +75,7 @@ def test_a_script_trains_longer_with_resume_auto_bit_for_bit(tmp_path):
     result = subprocess.run([mpiexec(), "-n", "2", sys.executable, "resume_script.py", str(tmp_path)],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert len(lines) == 2
     for r in lines:
         assert r == {"codes": [0, 0, 0], "steps": [80, 40, 80], "dataset": "mine", "same": True}

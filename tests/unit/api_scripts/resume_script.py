@@ -21,6 +21,9 @@ root = sys.argv[1]
 one = ssdmpi.train({**base, "epochs": 4, "run_dir": f"{root}/one"}, model=factory, dataset=data)
 first = ssdmpi.train({**base, "epochs": 2, "run_dir": f"{root}/two"}, model=factory, dataset=data)
 more = ssdmpi.train({**base, "epochs": 4, "run_dir": f"{root}/two", "resume": "auto"}, model=factory, dataset=data)
-print(json.dumps({"codes": [one.exit_code, first.exit_code, more.exit_code], "steps": [one.summary["step"],
-                  first.summary["step"], more.summary["step"]], "dataset": more.summary["dataset"],
-                  "same": bool(np.array_equal(one.model.params, more.model.params))}), flush=True)
+from mpi4py import MPI  # noqa: E402
+
+with open(f"{root}/rank{MPI.COMM_WORLD.Get_rank()}.json", "w") as f:   # not stdout: ranks' lines interleave
+    json.dump({"codes": [one.exit_code, first.exit_code, more.exit_code], "steps": [one.summary["step"],
+               first.summary["step"], more.summary["step"]], "dataset": more.summary["dataset"],
+               "same": bool(np.array_equal(one.model.params, more.model.params))}, f)

@@ -32,7 +32,9 @@ mean, std = xtr.mean(0), xtr.std(0)
 logits = result.model.forward(((xte - mean) / std).astype(np.float32), train=False)
 from mpi4py import MPI  # noqa: E402
 
-print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "exit_code": result.exit_code,
-                  "test_acc": result.summary.get("test_acc"), "own_acc": float(np.mean(logits.argmax(1) == yte)),
-                  "model": result.summary.get("model"), "world_size": result.summary.get("world_size"),
-                  "input_shape": list(result.model.input_shape)}), flush=True)
+rank = MPI.COMM_WORLD.Get_rank()
+with open(f"{sys.argv[1]}.rank{rank}.json", "w") as f:   # not stdout: the ranks' lines may interleave
+    json.dump({"rank": rank, "exit_code": result.exit_code,
+               "test_acc": result.summary.get("test_acc"), "own_acc": float(np.mean(logits.argmax(1) == yte)),
+               "model": result.summary.get("model"), "world_size": result.summary.get("world_size"),
+               "input_shape": list(result.model.input_shape)}, f)
