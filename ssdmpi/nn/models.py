@@ -254,5 +254,10 @@ def build_model(name, input_shape, num_classes: int, **kwargs) -> Model:
         raise UserError(f"model {label!r}: bad option {', '.join(unknown)}; it takes "
                         f"{', '.join(sorted(allowed - {'xp', 'dtype', 'seed'})) or 'no options'}")
     passed = {k: v for k, v in kwargs.items() if builtin or takes_any or k in allowed}
+    try:
+        inspect.signature(builder).bind(input_shape, int(num_classes), **passed)
+    except TypeError as exc:
+        raise UserError(f"model {label}: the factory must take (input_shape, num_classes, *, xp, dtype, seed, "
+                        f"**options); {exc}") from None
     model = builder(input_shape, int(num_classes), **passed)
     return check_model(model, label, input_shape, num_classes, kwargs.get("xp"), kwargs.get("dtype"))

@@ -47,6 +47,10 @@ def five_classes(input_shape, num_classes, **kwargs):
     return net(input_shape, 5, **kwargs)
 
 not_callable = 3
+
+
+def no_arguments():
+    return None
 '''
 
 
@@ -99,6 +103,7 @@ def test_model_from_a_module_in_the_current_directory(tmp_path):
     ("mymodels:not_a_model", "the factory returned a int, not an ssdmpi.nn.Model"),
     ("mymodels:five_classes", "outputs (5,) per sample, but the data has 10 classes"),
     ("mymodels:", "expected package.module:factory"),
+    ("mymodels:no_arguments", "the factory must take (input_shape, num_classes"),
 ])
 def test_bad_model_factories_are_one_line_errors(tmp_path, spec, needle):
     (tmp_path / "mymodels.py").write_text(MYMODELS)
