@@ -460,7 +460,8 @@ def add_arguments(parser) -> None:
                            help="auto: newest valid checkpoint of --run-dir (fresh start if none); "
                                 "PATH: a checkpoint file or a run directory")
             g.add_argument("--no-progress-bar", dest="progress_bar", action="store_const", const=False,
-                           default=None, help="plain periodic lines instead of a progress bar")
+                           default=None,
+                           help="plain periodic lines instead of a progress bar (default: a bar on a terminal)")
 
 
 # --- presets and files --------------------------------------------------------------------
