@@ -14,7 +14,9 @@ When resuming (``--resume``), the checkpoint's own resolved config replaces laye
 continues the same run for longer. ``validate()`` checks every field and raises a
 ``UserError`` with a one-line message naming the option. The resolved config is written
 to the run directory as ``config.yaml`` and into every checkpoint, and can be fed back
-with ``--config``.
+with ``--config`` to start a new run with the same settings: ``config.yaml`` records
+``run_dir`` and ``stop_at_step`` as comments only (``INVOCATION``), so the new run gets its
+own directory (``--run-dir`` or the default). ``--print-config`` prints the resolution.
 
 This module is imported when the CLI parser is built: keep its top-level imports light.
 """
@@ -193,9 +195,28 @@ class TrainConfig:
         return d
 
     def to_yaml(self) -> str:
+        """The run's settings as YAML, reusable with ``--config`` for a new run.
+
+        The settings of one invocation (``INVOCATION``: where this run lives, where it was
+        told to stop) are written as comments, not settings: a saved ``config.yaml`` fed back
+        with ``--config`` starts a new run in a new directory instead of colliding with the
+        run it came from.
+        """
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        d = self.to_dict()
+        mine = {k: v for k in INVOCATION if (v := d.pop(k)) is not None}
+        class Dumper(yaml.SafeDumper):   # one line per setting, lists inline: widths: [256, 128]
+            pass
+
+        Dumper.add_representer(list, lambda dumper, v: dumper.represent_sequence(
+            "tag:yaml.org,2002:seq", v, flow_style=True))
+        text = yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=False)
+        if mine:
+            text += "# this invocation's own, not read back by --config (give them as flags):\n"
+            text += "".join(f"#   {line}\n" for line in yaml.dump(mine, Dumper=Dumper, sort_keys=False,
+                                                                   default_flow_style=False).splitlines())
+        return text
 
     def warmup_iterations(self, steps_per_epoch: int) -> int:
         """``T_w`` in iterations (``warmup_epochs`` converted with this run's epoch length)."""
@@ -209,6 +230,8 @@ class TrainConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(TrainConfig))
+# Settings of one invocation, not of the run: a saved config.yaml holds them as comments only.
+INVOCATION = ("run_dir", "stop_at_step")
 
 
 def parse_schedule(spec: str, flag: str = "lr-schedule") -> tuple[str, dict]:
@@ -263,8 +286,8 @@ def _show(value) -> str:
 def _algorithm_defaults() -> dict:
     """Help text of the settings whose default depends on ``--algo`` (``AlgoConfig`` decides)."""
     return {
-        "delay": f"the algorithm's: {DEFAULT_DELAY}; odsgd: 1",
-        "comm": f"the algorithm's: {DEFAULT_COMM} for ssd; odsgd: step",
+        "delay": f"{DEFAULT_DELAY} (the algorithm's; odsgd: 1)",
+        "comm": f"{DEFAULT_COMM} (ssd's; odsgd: step)",
         "servers": f"{DEFAULT_SERVERS} with --algo asgd",
         "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
         "period_rule": f"{default_period_rule()}",
@@ -297,11 +320,29 @@ def default_help(name: str, presets: dict | None = None) -> str:
     others = [p for p, values in presets.items() if p != "default" and name in values]
     if name in base:
         text = f"default: {_show(base[name])}, from the default preset"
-        return text + ("; the other presets set their own" if others else "")
+        return text + (f"; preset {', '.join(others)} set{'s its' if len(others) == 1 else ' their'} own"
+                       if others else "")
     value = getattr(TrainConfig, name, None)
     text = f"default: {_show(value) if value is not None else _algorithm_defaults()[name]}"
     return text + (f"; set by preset {', '.join(others)}" if others else "")
 
+
+
+def annotated_yaml(cfg: TrainConfig) -> str:
+    """``cfg.to_yaml()`` with a comment after each setting left unset (``null``) saying what a
+    run gets instead (``default_help``). Valid as a ``--config`` file."""
+    presets = {p: load_preset(p) for p in list_presets()}
+    lines = ["# ssdmpi train: resolved settings (defaults < preset < --config file < flags)"]
+    for line in cfg.to_yaml().splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and value == "null" and key in FIELD_NAMES:
+            text = ("default: the model's own" if key == "widths"
+                    else default_help(key, presets).split("; set by preset")[0].split("; preset ")[0])
+            line += f"   # {text}"
+        lines.append(line)
+    if cfg.run_dir is None:
+        lines.append(f"# run_dir: {default_help('run_dir', presets)}")
+    return "\n".join(lines) + "\n"
 
 
 def delay_value(text: str):
@@ -323,7 +364,8 @@ _FLAGS = {
         ("dataset", {}, "dataset name"),
         ("data_path", {"metavar": "PATH"}, "where the dataset's files are"),
         ("augment", {}, "augmentation: none, flip, crop4 or crop4,flip"),
-        ("model", {}, "model: a name in ssdmpi.nn.MODELS (mlp, wide-mlp, lenet5, resnet20)"),
+        ("model", {}, "model: mlp, wide-mlp, lenet5, resnet20 (ssdmpi.nn.MODELS), or package.module:factory "
+                      "(docs/API.md)"),
         ("widths", {"type": _widths, "metavar": "W1,W2"}, "hidden widths of mlp"),
         ("dtype", {"choices_help": DTYPES}, "parameter dtype"),
     ],
@@ -395,6 +437,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--config", metavar="FILE", help="YAML file of settings (keys as below, e.g. batch_size: 64)")
     g.add_argument("--preset", metavar="NAME",
                    help=f"named preset: {', '.join(presets) or 'default'} (default: default)")
+    g.add_argument("--print-config", action="store_true",
+                   help="print the resolved settings (preset < --config FILE < flags) as YAML and exit; "
+                        "writes nothing, trains nothing")
     for title, flags in _FLAGS.items():
         g = parser.add_argument_group(title)
         exclusive = {}
@@ -415,7 +460,8 @@ def add_arguments(parser) -> None:
                            help="auto: newest valid checkpoint of --run-dir (fresh start if none); "
                                 "PATH: a checkpoint file or a run directory")
             g.add_argument("--no-progress-bar", dest="progress_bar", action="store_const", const=False,
-                           default=None, help="plain periodic lines instead of a progress bar")
+                           default=None,
+                           help="plain periodic lines instead of a progress bar (default: a bar on a terminal)")
 
 
 # --- presets and files --------------------------------------------------------------------
@@ -632,6 +678,29 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
         except UserError:
             continue
     return AlgoConfig(**values).validate(world_size)   # raises the error about the user's own settings
+
+
+def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
+    """A copy of ``cfg`` without the preset's algorithm settings (``soft``) that do not apply to
+    its ``--algo``, dropped as ``algo_config`` drops them, but checked without the data (what
+    ``--print-config`` shows, so that its output fed back with ``--config`` still runs)."""
+    out = dataclasses.replace(cfg)
+    values = dict(algo=cfg.algo, delay=1 if cfg.delay == "auto" else cfg.delay, comm=cfg.comm,
+                  period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
+                  local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
+                  glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
+    for key in [None] + [k for k in ALGO_SETTINGS if k in soft]:
+        if key is not None:
+            values[key] = None
+            setattr(out, key, None)
+        try:
+            AlgoConfig(**values).validate(None)
+            return out
+        except ValueError:       # everything applies; only the world size (default local lr) is missing
+            return out
+        except UserError:        # something does not apply: drop the next preset setting
+            continue
+    return cfg     # the user's own settings are wrong: the run will say so
 
 
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:

@@ -2,10 +2,11 @@
 algorithm's settings, and the run directory.
 
 ``configure(args, world_size)`` runs on rank 0 alone (it reads the config files and the
-checkpoint) and returns ``(cfg, soft, ckpt_path, ckpt_meta)``; the trainer broadcasts it.
+checkpoint) and returns ``(cfg, soft, ckpt_path, ckpt_meta, created)``; the trainer broadcasts
+it. ``resolve_run`` is the same without touching the run directory (``--print-config``).
 The TrainConfig becomes the algorithm's settings in the config layer
-(``config.algo_config``, ``config.resolved_settings``). ``prepare_run_dir`` and ``trim_metrics`` look
-after the run directory (rank 0).
+(``config.algo_config``, ``config.resolved_settings``). ``prepare_run_dir``, ``remove_created``
+and ``trim_metrics`` look after the run directory (rank 0).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import time
 from ssdmpi.errors import UserError
 
 
-def configure(args, world_size: int):
+def resolve_run(args, world_size: int | None):
     """Rank 0: ``(cfg, soft, ckpt_path, ckpt_meta)`` for ``ssdmpi train ARGS`` on ``world_size`` ranks.
 
     Resolves ``--resume`` (``auto``: the newest checkpoint that verifies in the run
-    directory), checks the checkpoint fits the job, resolves the configuration over the
-    checkpoint's, picks the run directory and prepares it. ``soft``: the settings that came
-    from a preset, not from the user (they may be dropped where they do not apply).
+    directory), checks the checkpoint fits the job (``world_size`` None: not checked),
+    resolves the configuration over the checkpoint's and picks the run directory (creates
+    nothing). ``soft``: the settings that came from a preset, not from the user (they may
+    be dropped where they do not apply).
     """
     from ssdmpi import checkpoint
     from ssdmpi import config as configuration
@@ -38,38 +40,65 @@ def configure(args, world_size: int):
         ckpt_path = checkpoint.resolve_path(resume)
     if ckpt_path is not None:
         ckpt_meta = checkpoint.read_meta(ckpt_path)
-        checkpoint.check_compatible(ckpt_meta, world_size, ckpt_meta.get("model"))
+        if world_size is not None:
+            checkpoint.check_compatible(ckpt_meta, world_size, ckpt_meta.get("model"))
     cfg = configuration.resolve(args, None if ckpt_meta is None else ckpt_meta.get("config"))
     if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
         if ckpt_path is not None and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
             cfg.run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
-        elif cfg.run_dir is None:
+        elif cfg.run_dir is None and world_size is not None:
             cfg.run_dir = configuration.default_run_dir(cfg)
     soft = configuration.soft_settings(args, ckpt_meta is not None)
-    from ssdmpi.loggers import check_available
-
-    check_available(cfg)      # --tensorboard without tensorboardX: say so before anything is written
-    prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
     return cfg, soft, ckpt_path, ckpt_meta
 
 
-def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> None:
+def configure(args, world_size: int):
+    """Rank 0: ``resolve_run``, then the run directory prepared (``prepare_run_dir``).
+
+    Returns ``(cfg, soft, ckpt_path, ckpt_meta, created)``: ``created`` lists the
+    directories this call made, for ``remove_created`` when the start fails.
+    """
+    cfg, soft, ckpt_path, ckpt_meta = resolve_run(args, world_size)
+    resume = getattr(args, "resume", None)
+    from ssdmpi.loggers import check_available
+
+    check_available(cfg)      # --tensorboard without tensorboardX: say so before anything is written
+    try:
+        created = prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
+    except UserError as exc:
+        from ssdmpi.config import load_file
+
+        if getattr(args, "config", None) and not args.run_dir and "run_dir" in load_file(args.config):
+            # a config.yaml saved before run_dir became a comment, or the user's own file
+            raise UserError(f"{exc} (run_dir comes from {args.config}: drop it there or pass --run-dir)") from None
+        raise
+    return cfg, soft, ckpt_path, ckpt_meta, created
+
+
+def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> list:
     """Create ``run_dir`` and ``checkpoints/``; refuse to start a fresh run over an old one.
 
     ``auto`` (``--resume auto`` found no checkpoint): a ``metrics.jsonl`` left by an attempt
-    that died before its first checkpoint is moved aside, not appended to.
+    that died before its first checkpoint is moved aside, not appended to. Returns the
+    directories this call created, deepest first (none that existed before).
     """
     from ssdmpi import checkpoint
 
+    created = []
     try:
+        path = os.path.abspath(os.path.join(run_dir, "checkpoints"))
+        while not os.path.exists(path):
+            created.append(path)
+            path = os.path.dirname(path)
         os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
         probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.unlink(probe)
     except OSError as exc:
+        remove_created(created)
         raise UserError(f"cannot use run directory {run_dir}: {exc.strerror or exc}; "
                         "choose a writable one with --run-dir") from None
     if not resuming:
@@ -78,8 +107,20 @@ def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> None:
         if auto and not old and os.path.exists(metrics):
             os.replace(metrics, f"{metrics}.{time.strftime('%Y%m%d-%H%M%S')}.old")
         elif old or os.path.exists(metrics):
+            remove_created(created)
             raise UserError(f"run directory {run_dir} already holds a run; continue it with --resume auto "
                             "or choose another --run-dir")
+    return created
+
+
+def remove_created(created) -> None:
+    """Undo ``prepare_run_dir`` after a failed start: remove the directories it created, if
+    still empty. Never touches a directory that existed before, nor anything written into one."""
+    for path in created or ():
+        try:
+            os.rmdir(path)
+        except OSError:
+            return     # not empty (or gone): it, and every parent, is kept
 
 
 def trim_metrics(path: str, step: int) -> None:
@@ -100,3 +141,23 @@ def trim_metrics(path: str, step: int) -> None:
             if record.get("step") is None or record["step"] <= step:
                 kept.append(line if line.endswith("\n") else line + "\n")
     atomic_write(path, "".join(kept))
+
+
+def print_config(args) -> int:
+    """``ssdmpi train --print-config``: the settings this command would run with, as YAML, on
+    stdout (rank 0 of a launch; the others print nothing). Creates nothing, starts no MPI.
+
+    Settings left to the algorithm or to the start (``null``) say their default in a comment.
+    The output is a valid ``--config`` file (``run_dir``, ``stop_at_step`` as comments).
+    """
+    from ssdmpi import config as configuration
+    from ssdmpi.comm.abort import world_rank_size
+
+    try:
+        cfg, soft, _, _ = resolve_run(args, None)
+        cfg = configuration.applicable(cfg, soft)
+    except UserError as exc:   # every rank reads the same files and gets the same error
+        raise UserError(str(exc), collective=True) from None
+    if world_rank_size()[0] == 0:
+        print(configuration.annotated_yaml(cfg), end="", flush=True)
+    return 0

@@ -9,7 +9,7 @@ alone talks to the user and writes files (``ssdmpi/report.py``). The state a che
 
 Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``)::
 
-    config.yaml      the resolved configuration (feed it back with --config)
+    config.yaml      the resolved configuration (--config reads it back for a new run; its run_dir is a comment)
     metrics.jsonl    one JSON object per logged step and per evaluation (ssdmpi/metrics.py)
     checkpoints/     ckpt-<step>.h5, the newest --keep-checkpoints of them (ssdmpi/checkpoint/)
     summary.txt      the human summary, also printed at the end; summary.json for scripts
@@ -44,9 +44,10 @@ import contextlib
 import dataclasses
 import signal
 import sys
+import types
 
 from ssdmpi.config import add_arguments as _add_config_arguments
-from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT  # noqa: F401 (re-exported)
+from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, UserError  # noqa: F401 (re-exported)
 from ssdmpi.loop import evaluate_now, save, train
 from ssdmpi.report import Reporter
 
@@ -107,10 +108,23 @@ def _say(rank: int, text: str, file=None) -> None:
 # --- ssdmpi train ------------------------------------------------------------------------------
 
 def run(args) -> int:
-    """``ssdmpi train``. Every resource (signal handlers, communicator, loader, metrics files)
-    is entered into one ExitStack, which frees it on every exit path. The signal handlers go
-    in first, so that a preemption signal arriving during setup is acted on at the first
-    synchronisation point instead of killing the rank."""
+    """``ssdmpi train`` (``--print-config``: print the resolved settings, start nothing)."""
+    if getattr(args, "print_config", False):
+        from ssdmpi.run_setup import print_config
+
+        return print_config(args)
+    return run_job(args)[0]
+
+
+def run_job(args, model=None, dataset=None):
+    """Collective: one run; ``(exit code, Job)``. ``model``/``dataset`` (the Python API,
+    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name.
+
+    Every resource (signal handlers, communicator, loader, metrics files) is entered into
+    one ExitStack, which frees it on every exit path. The signal handlers go in first, so
+    that a preemption signal arriving during setup is acted on at the first
+    synchronisation point instead of killing the rank. A start that fails before the loop
+    removes the run directories it created (``run_setup.remove_created``)."""
     from ssdmpi import backend, run_setup
     from ssdmpi import config as configuration
     from ssdmpi.comm import node, world
@@ -120,22 +134,27 @@ def run(args) -> int:
         stop = resources.enter_context(Stop())
         # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and
         #    resolves; every rank gets the same TrainConfig.
-        _, size = world.rank_and_size()
-        cfg, soft, ckpt_path, ckpt_meta = world.on_root(lambda: run_setup.configure(args, size))
+        rank, size = world.rank_and_size()
+        cfg, soft, ckpt_path, ckpt_meta, created = world.on_root(lambda: run_setup.configure(args, size))
         # 2. Setup: this rank's threads, GPU and backend (comm/node.py), communicator, data, model,
         #    algorithm, loader; every rank checks that all agree. Resume: rank 0 reads the
         #    checkpoint and sends every rank its state.
-        placement = world.agree(lambda: node.place(node.discover(), cfg.device, cfg.threads, cfg.gpu_id))
-        xp = backend.get_xp()
-        comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
-        job = setup(cfg, soft, ckpt_meta, comm, xp, resources)
-        job.placement = placement
-        if ckpt_path is not None:
-            resume(job, comm, ckpt_path)
+        try:
+            placement = world.agree(lambda: node.place(node.discover(), cfg.device, cfg.threads, cfg.gpu_id))
+            xp = backend.get_xp()
+            comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
+            job = setup(cfg, soft, ckpt_meta, comm, xp, resources, model=model, dataset=dataset)
+            job.placement = placement
+            if ckpt_path is not None:
+                resume(job, comm, ckpt_path)
+        except BaseException:
+            if rank == 0:
+                run_setup.remove_created(created)
+            raise
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
         # 3. The loop, then 4. the end.
         code, reason = train(job, comm, out, stop)
-        return finish(job, comm, out, code, reason)
+        return finish(job, comm, out, code, reason), job
 
 
 @dataclasses.dataclass
@@ -157,9 +176,11 @@ class Job:
     placement: object = None             # this rank's threads and GPU, and why (comm/node.py)
 
 
-def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
+def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=None) -> Job:
     """Collective: build the run's objects (model seeded, rank 0's weights broadcast); a
-    ``UserError`` on any rank is raised on every rank; the loader is closed by ``resources``."""
+    ``UserError`` on any rank is raised on every rank; the loader is closed by ``resources``.
+    ``model`` (a factory or a ``Model``) and ``dataset`` (a ``Dataset``) come from the Python
+    API; None: ``cfg.model`` and ``cfg.dataset`` name them."""
     import numpy as np
 
     from ssdmpi import backend
@@ -172,10 +193,14 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources) -> Job:
 
     size = comm.size
     workers = comm.agree(lambda: configuration.data_ranks(cfg, size))   # asgd: the servers load no data
-    dataset = comm.agree(lambda: load_dataset(cfg.dataset, cfg.data_path))
+    dataset = comm.agree(lambda: load_dataset(cfg.dataset, cfg.data_path) if dataset is None else dataset)
+    if cfg.augment != "none" and len(dataset.input_shape) != 3:
+        raise UserError(f"--augment {cfg.augment} needs images; {dataset.name} has flat feature vectors "
+                        f"of shape {dataset.input_shape}: use --augment none", collective=True)
     options = {"widths": tuple(cfg.widths)} if cfg.widths else {}
-    model = comm.agree(lambda: build_model(cfg.model, dataset.input_shape, dataset.num_classes, xp=xp,
-                                           dtype=np.dtype(cfg.dtype), seed=cfg.seed, **options))
+    model = comm.agree(lambda: build_model(cfg.model if model is None else model, dataset.input_shape,
+                                           dataset.num_classes, xp=xp, dtype=np.dtype(cfg.dtype), seed=cfg.seed,
+                                           **options))
     comm.broadcast(model.params, root=0)
     loader = comm.agree(lambda: None if comm.rank >= workers else ShardedLoader(
         dataset.train_x, dataset.train_y, cfg.batch_size, comm.rank, workers, seed=cfg.seed,
@@ -263,3 +288,16 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)
     print(text, flush=True)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``ssdmpi.train(config, model=None, dataset=None)`` is the Python API
+    (``ssdmpi/api.py``), while ``ssdmpi.train.run`` & co. stay what the CLI runs."""
+
+    def __call__(self, config=None, model=None, dataset=None):
+        from ssdmpi.api import train as api_train
+
+        return api_train(config, model=model, dataset=dataset)
+
+
+sys.modules[__name__].__class__ = _CallableModule

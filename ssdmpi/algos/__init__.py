@@ -36,8 +36,10 @@ The Algorithm API (what the trainer uses)
 ``algo.stage`` -> ``"warmup"`` | ``"delay"``; ``algo.t`` -> iterations done (the index of
 the next one); ``algo.s`` -> global steps applied to ``W`` (for localsgd and the ``delta``
 rule: iterations' worth averaged into ``W``); ``algo.m`` -> ``t - T_w`` or None;
-``algo.lr_global`` -> ``eta_g(s)`` of the next global update; ``algo.lr_local`` -> the lr
-of the next local step (None in the warm-up).
+``algo.lr_global`` -> the global lr the next iteration steps with: ``eta_g(s)`` of the next
+global update, or ``eta_g(t)`` where the delay stage's only steps are SGD on ``L`` (localsgd,
+delta-own); ``algo.lr_local`` -> the lr of the next local step (None in the warm-up). These
+are what metrics.jsonl logs as ``lr`` and ``lr_local``.
 
 ``algo.state_dict() -> dict``  (collective: drains first)
     NumPy arrays and plain scalars (HDF5-storable): ``algo``, ``t``, ``s``, ``stage``,

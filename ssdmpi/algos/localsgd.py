@@ -20,6 +20,12 @@ from ssdmpi.algos.base import Algorithm
 class LocalSGD(Algorithm):
     name = "localsgd"
 
+    @property
+    def lr_global(self) -> float:
+        """In the delay stage every step is SGD on ``L`` at ``eta_g(t)`` (``W`` is only averaged):
+        that is the lr it steps with, so that is the one reported."""
+        return self.schedule(self.t if self.stage == "delay" else self.s)
+
     def _begin_delay(self) -> None:
         self.V = self.M.copy()
 

@@ -135,6 +135,14 @@ class SSDPeriod(_SSDBase):
             return self.rule.local_lr(t)
         return super()._local_lr(t)
 
+    @property
+    def lr_global(self) -> float:
+        """A rule without a local update (delta-own) steps only with ``eta_g(t)`` in the delay stage
+        (``W`` gets displacements, no lr): that is the lr reported. Replay: ``eta_g(s)``."""
+        if self.rule is not None and not self.rule.uses_local_update:
+            return self.rule.local_lr(self.t)
+        return self.schedule(self.s)
+
     def drain(self) -> None:
         if self.rule is not None:
             self.rule.drain()

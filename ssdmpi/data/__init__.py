@@ -26,6 +26,7 @@ _EXPORTS = {
     "clear_cache": "ssdmpi.data.datasets",
     "RawSplits": "ssdmpi.data.datasets",
     "load_dataset": "ssdmpi.data.datasets",
+    "from_arrays": "ssdmpi.data.datasets",
     "load_raw": "ssdmpi.data.datasets",
     "search_paths": "ssdmpi.data.datasets",
     "ShardedLoader": "ssdmpi.data.loader",

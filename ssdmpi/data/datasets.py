@@ -290,6 +290,37 @@ def load_raw(name: str, path: str | None = None, **options) -> RawSplits:
     return raw
 
 
+def from_arrays(train_x, train_y, test_x, test_y, num_classes: int | None = None, name: str = "arrays") -> Dataset:
+    """A ``Dataset`` from in-memory arrays, validated and normalised like every other dataset.
+
+    ``train_x``: (N, D) flat feature vectors (tabular: standardised per feature), (N, H, W) or
+    (N, C, H, W) images; uint8 pixels (0..255) or floats taken as they are. ``train_y``: (N,)
+    integers in [0, num_classes) (default: 1 + the largest label). The test split likewise,
+    with the same per-sample shape and dtype. ``UserError`` (one line) on anything else.
+    """
+    arrays = {}
+    for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim == 3:
+            x = x[:, None]
+        if x.ndim not in (2, 4):
+            raise UserError(f"{name}: {split}_x must be (N, D) features or (N, [C,] H, W) images, got shape {x.shape}")
+        if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
+            raise UserError(f"{name}: {split}_x must be float or uint8, got {x.dtype}")
+        if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or y.size == 0):
+            raise UserError(f"{name}: {split}_y must be a 1-D array of integer labels, got {y.dtype} {y.shape}")
+        arrays[f"{split}_images"], arrays[f"{split}_labels"] = x, y.astype(np.int64)
+    if arrays["train_images"].shape[1:] != arrays["test_images"].shape[1:]:
+        raise UserError(f"{name}: train and test samples differ in shape ({arrays['train_images'].shape[1:]} vs "
+                        f"{arrays['test_images'].shape[1:]})")
+    if num_classes is None:
+        top = [int(arrays[k].max()) for k in ("train_labels", "test_labels") if arrays[k].size]
+        num_classes = max(top) + 1 if top else 0
+    raw = RawSplits(name, num_classes=int(num_classes), source="in-memory arrays", **arrays)
+    _validate(raw)
+    return normalise(raw)
+
+
 def _validate(raw: RawSplits) -> None:
     if raw.num_classes < 1:
         raise UserError(f"{raw.source}: the dataset has no classes")
@@ -324,7 +355,23 @@ def channel_stats(images: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndar
 
 
 def normalise(raw: RawSplits) -> Dataset:
-    """Scale and standardise ``raw`` per channel with the train split's statistics (module docstring)."""
+    """Scale and standardise ``raw`` per channel with the train split's statistics (module docstring).
+
+    Tabular data (images of shape (N, D): flat feature vectors) is standardised per feature,
+    each feature being its own channel; ``input_shape`` is then ``(D,)``.
+    """
+    if raw.train_images.ndim == 2:
+        D = raw.train_images.shape[1]
+        as_images = dataclasses.replace(raw, train_images=raw.train_images.reshape(-1, D, 1, 1),
+                                        test_images=raw.test_images.reshape(-1, D, 1, 1))
+        out = _normalise_images(as_images)
+        out.train_x, out.test_x = out.train_x.reshape(-1, D), out.test_x.reshape(-1, D)   # read-only views
+        out.input_shape = (D,)
+        return out
+    return _normalise_images(raw)
+
+
+def _normalise_images(raw: RawSplits) -> Dataset:
     scale = 1.0 / 255.0 if raw.train_images.dtype == np.uint8 else 1.0
     mean, std = channel_stats(raw.train_images, scale)
     # (v * scale - mean) / std == v * a - b, two float32 passes over the data.

@@ -2,9 +2,10 @@
 
 Layout (one file, two groups of two datasets)::
 
-    /train/images   (N, C, H, W) or (N, H, W)   uint8 pixel values 0..255, or float (already scaled, e.g. to [0, 1])
+    /train/images   (N, C, H, W) or (N, H, W)   uint8 pixel values 0..255, or float (already scaled, e.g. to [0, 1]);
+                    or (N, D)                   tabular: D features per sample, float (or uint8)
     /train/labels   (N,)                        integers in [0, num_classes)
-    /test/images    (M, C, H, W) or (M, H, W)   same dtype and per-sample shape as /train/images
+    /test/images    (M, ...)                    same dtype and per-sample shape as /train/images
     /test/labels    (M,)
     attributes of / (all optional when reading):
         num_classes  int      default 1 + the largest label of either split
@@ -12,7 +13,7 @@ Layout (one file, two groups of two datasets)::
         format       "ssdmpi-dataset", version 1
 
 Images are stored *un-normalised*; ``load_dataset`` scales uint8 by 1/255 and then
-normalises per channel with the train split's statistics, exactly as for the
+normalises per channel (tabular data: per feature) with the train split's statistics, exactly as for the
 dataset's native format, so ``load_dataset("hdf5", converted)`` equals the original.
 The whole file is read into memory.
 """
@@ -55,8 +56,9 @@ def read_hdf5(path: str) -> tuple[dict, dict]:
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if images.ndim == 3:
             arrays[f"{split}_images"] = images = images[:, None]
-        if images.ndim != 4:
-            raise UserError(f"{path}: /{split}/images must be (N, C, H, W) or (N, H, W), got shape {images.shape}")
+        if images.ndim not in (2, 4):
+            raise UserError(f"{path}: /{split}/images must be (N, C, H, W), (N, H, W) or (N, D), "
+                            f"got shape {images.shape}")
         if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
             raise UserError(f"{path}: /{split}/images must be uint8 (0..255) or float, got {images.dtype}")
         if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):

@@ -17,6 +17,6 @@ changes), ``conv.py`` (Conv2d, MaxPool2d, GlobalAvgPool2d), ``norm.py`` (BatchNo
 
 from ssdmpi.nn.flat import FlatParams, ParamSpec
 from ssdmpi.nn.model import Model
-from ssdmpi.nn.models import MODELS, build_model
+from ssdmpi.nn.models import MODELS, build_model, register_model
 
-__all__ = ["FlatParams", "ParamSpec", "Model", "MODELS", "build_model"]
+__all__ = ["FlatParams", "ParamSpec", "Model", "MODELS", "build_model", "register_model"]

@@ -12,6 +12,11 @@ Parameter counts (10 classes): mlp 784-512-512-10: 669,706; wide-mlp on 784 inpu
 83,126; resnet20 on 32x32x3, option A: 269,722 (the paper's 0.27 M), option B: 272,474.
 
 Images are NCHW; every model accepts (C, H, W) inputs, ``mlp`` also (features,).
+
+Your own models (docs/API.md): ``build_model`` also takes ``"package.module:factory"``, a
+factory, or a built ``Model``; ``register_model(name, factory)`` adds a name. A factory is
+``factory(input_shape, num_classes, *, xp, dtype, seed, **options) -> Model``, and what it
+returns is checked (``check_model``: a ``Model`` for these inputs, classes, array module, dtype).
 """
 
 from __future__ import annotations
@@ -135,17 +140,124 @@ class _Stage(Layer):
 
 
 MODELS = {"mlp": mlp, "wide-mlp": wide_mlp, "lenet5": lenet5, "resnet20": resnet20}
+_BUILTIN = frozenset(MODELS)
 
 
-def build_model(name: str, input_shape, num_classes: int, **kwargs) -> Model:
-    """Build a registered model. kwargs: ``xp``, ``dtype``, ``seed``, and model options (see the table)."""
-    if name not in MODELS:
-        raise UserError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
-    builder = MODELS[name]
-    allowed = set(inspect.signature(builder).parameters) - {"input_shape", "num_classes", "kwargs"}
-    allowed |= {"xp", "dtype", "seed"} | ({"widths", "dropout"} if name == "wide-mlp" else set())
-    unknown = sorted(set(kwargs) - allowed)
+def register_model(name: str, factory) -> None:
+    """Make ``factory`` buildable as ``name`` (``--model NAME``, ``model: NAME``) in this process.
+
+    ``factory(input_shape, num_classes, *, xp, dtype, seed, **options) -> Model`` (the keywords it
+    does not declare are not passed). Call it on every rank before training (e.g. at the top
+    of the script that calls ``ssdmpi.train``); a command-line run uses ``package.module:factory``.
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise UserError(f"a model name must be a non-empty string without ':', got {name!r}")
+    if name in _BUILTIN:
+        raise UserError(f"model {name!r} is built in; register yours under another name")
+    if not callable(factory):
+        raise UserError(f"register_model({name!r}, ...): the factory must be callable, got {type(factory).__name__}")
+    MODELS[name] = factory
+
+
+def model_label(spec) -> str:
+    """The name a model spec is recorded under (config, checkpoints): the name itself, a
+    factory's ``module:qualname``, or a ``Model``'s ``name``."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, Model):
+        return spec.name
+    return f"{getattr(spec, '__module__', None) or 'python'}:{getattr(spec, '__qualname__', type(spec).__name__)}"
+
+
+def _import_factory(spec: str):
+    """``package.module:factory`` (a dotted attribute path after the colon) -> the callable.
+
+    The module is imported from ``sys.path``, and from the current directory if it is not on it
+    (so ``--model mymodels:net`` finds ``./mymodels.py`` whether ssdmpi runs as a script or ``-m``).
+    """
+    import importlib
+    import os
+    import sys
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UserError(f"--model {spec}: expected package.module:factory")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"--model {spec}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH "
+                        "or in the current directory?") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"--model {spec}: {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UserError(f"--model {spec}: {attr} is a {type(obj).__name__}, not a model factory")
+    return obj
+
+
+def _factory(spec):
+    """``(label, factory, builtin)`` of a name, a ``module:factory`` string or a callable."""
+    if callable(spec) and not isinstance(spec, str):
+        return model_label(spec), spec, False
+    if not isinstance(spec, str):
+        raise UserError(f"a model is a name, package.module:factory, a factory or a Model; got {type(spec).__name__}")
+    if spec in MODELS:
+        return spec, MODELS[spec], spec in _BUILTIN
+    if ":" in spec:
+        return spec, _import_factory(spec), False
+    raise UserError(f"unknown model {spec!r}; choose one of {', '.join(sorted(MODELS))}, "
+                    "or give your own as package.module:factory")
+
+
+def check_model(model, label: str, input_shape, num_classes: int, xp=None, dtype=None) -> Model:
+    """``model`` if it is a ``Model`` for these inputs and classes (and ``xp``/``dtype`` if given);
+    else ``UserError`` saying what the factory should have returned."""
+    if not isinstance(model, Model):
+        raise UserError(f"model {label}: the factory returned a {type(model).__name__}, not an ssdmpi.nn.Model "
+                        "(build one from ssdmpi.nn layers: see docs/API.md)")
+    if tuple(model.input_shape) != tuple(input_shape):
+        raise UserError(f"model {label}: built for inputs {tuple(model.input_shape)}, but the data has "
+                        f"{tuple(input_shape)} per sample")
+    if tuple(model.output_shape) != (int(num_classes),):
+        raise UserError(f"model {label}: outputs {tuple(model.output_shape)} per sample, but the data has "
+                        f"{num_classes} classes")
+    if dtype is not None and model.dtype != np.dtype(dtype):
+        raise UserError(f"model {label}: parameters are {model.dtype}, the run asks for {np.dtype(dtype)} "
+                        "(pass dtype= through to ssdmpi.nn.Model)")
+    if xp is not None and model.xp is not xp:
+        raise UserError(f"model {label}: built with {getattr(model.xp, '__name__', model.xp)}, the run uses "
+                        f"{getattr(xp, '__name__', xp)} (pass xp= through to ssdmpi.nn.Model)")
+    return model
+
+
+def build_model(name, input_shape, num_classes: int, **kwargs) -> Model:
+    """Build a model. ``name``: a registered name (the table above, or ``register_model``'s), a
+    ``package.module:factory`` string, a factory, or an already built ``Model`` (checked only).
+    kwargs: ``xp``, ``dtype``, ``seed``, and model options (see the table). Returns a ``Model``
+    for ``input_shape`` and ``num_classes`` (``UserError`` otherwise)."""
+    input_shape = tuple(int(s) for s in input_shape)
+    if isinstance(name, Model):
+        return check_model(name, name.name, input_shape, num_classes, kwargs.get("xp"), kwargs.get("dtype"))
+    label, builder, builtin = _factory(name)
+    kwargs = {"xp": np, "dtype": np.float32, "seed": 0, **kwargs}   # Model's defaults, for any factory
+    params = inspect.signature(builder).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    allowed = set(params) - {"input_shape", "num_classes", "kwargs"}
+    if builtin:
+        allowed |= {"xp", "dtype", "seed"} | ({"widths", "dropout"} if name == "wide-mlp" else set())
+    options = {k: v for k, v in kwargs.items() if k not in ("xp", "dtype", "seed")}
+    unknown = sorted(set(options) - allowed) if builtin or not takes_any else []
     if unknown:
-        raise UserError(f"model {name!r}: bad option {', '.join(unknown)}; it takes "
-                        f"{', '.join(sorted(allowed)) or 'no options'}")
-    return builder(tuple(int(s) for s in input_shape), int(num_classes), **kwargs)
+        raise UserError(f"model {label!r}: bad option {', '.join(unknown)}; it takes "
+                        f"{', '.join(sorted(allowed - {'xp', 'dtype', 'seed'})) or 'no options'}")
+    passed = {k: v for k, v in kwargs.items() if builtin or takes_any or k in allowed}
+    try:
+        inspect.signature(builder).bind(input_shape, int(num_classes), **passed)
+    except TypeError as exc:
+        raise UserError(f"model {label}: the factory must take (input_shape, num_classes, *, xp, dtype, seed, "
+                        f"**options); {exc}") from None
+    model = builder(input_shape, int(num_classes), **passed)
+    return check_model(model, label, input_shape, num_classes, kwargs.get("xp"), kwargs.get("dtype"))

@@ -158,10 +158,12 @@ def _help_of(flag):
 def test_help_states_the_default_a_run_without_the_flag_gets():
     cfg = config.resolve(parse())
     assert f"default: {cfg.warmup_steps}, from the default preset" in _help_of("--warmup-steps")
-    assert "the other presets set their own" in _help_of("--warmup-steps")
+    assert "preset cifar10-resnet20, fashion-mnist-lenet5, fashion-mnist-mlp set their own" in \
+        _help_of("--warmup-steps")
+    assert "preset fashion-mnist-mlp sets its own" in _help_of("--widths")      # the one preset that does
     assert f"default: {cfg.momentum}" in _help_of("--momentum")
     assert f"default: {cfg.stall_timeout}" in _help_of("--stall-timeout")
-    assert "default: the algorithm's: 5" in _help_of("--delay")
+    assert "default: 5 (the algorithm's; odsgd: 1)" in _help_of("--delay")
     for name in config.FIELD_NAMES:
         if name != "progress_bar":
             assert "default: " in _help_of(f"--{name.replace('_', '-')}"), name

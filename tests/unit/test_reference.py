@@ -169,25 +169,46 @@ def test_accuracy_of_any_weights_leaves_the_simulation_alone():
 
 
 def test_delta_own_invariants_of_period_rule_md():
-    """PERIOD_RULE.md 3: after each boundary with p >= 1, L_r = W + D_r and mean_r L_r = W + in-flight mean;
+    """PERIOD_RULE.md 3: at each boundary with p >= 1, W <- W + (the sum in flight)/N and every worker
+    restarts from L_r = W + D_r, D_r = L_r - S_r its own displacement of the period (computed here from
+    the spec's local step, independently of the simulator); mean_r L_r = W + the new in-flight mean;
     after finalize (mid-period), W = mean_r L_r (exact arithmetic; float64 here)."""
     x, y = data()
-    N, k, T_w = 3, 4, 2
+    N, k, T_w, B = 3, 4, 2, 4
     cfg = AlgoConfig(algo="ssd", comm="period", delay=k, warmup_steps=T_w, lr=0.05)
     assert cfg.validate(N).period_rule == "delta-own"                    # the default rule
-    sim = Simulation(cfg, factory, [ArrayBatches(x, y, 4, r, N) for r in range(N)], N)
+
+    def batches(r, t):                                                    # a different batch per worker
+        at = ((t * N + r) * B) % (len(x) - B)
+        return x[at:at + B], y[at:at + B]
+
+    sim = Simulation(cfg, factory, batches, N)
+    probe = factory()
+    mu, lam, mask = cfg.momentum, cfg.weight_decay, np.asarray(probe.flat.decay_mask())
     for _ in range(T_w):
         sim.step()
+    checked = 0
     for m in range(5 * k):
         S_before = [S.copy() for S in sim.S]
+        boundary = (m + 1) % k == 0
+        if boundary:
+            W0, pending0, eta, D = sim.W.copy(), sim.pending, sim.sched(sim.t), []
+            for r in range(N):                                            # the period's last local step, by hand
+                probe.params[...] = sim.L[r]
+                probe.loss_and_grad(*batches(r, sim.t))
+                U = mu * sim.U[r] - eta * lam * mask * sim.L[r] - eta * np.array(probe.grads)
+                D.append(sim.L[r] + U - S_before[r])
         sim.step()
-        if (m + 1) % k == 0 and m // k >= 1:
-            mean_L = sum(sim.L) / N
-            np.testing.assert_allclose(mean_L, sim.W + sim.pending, rtol=1e-12, atol=1e-13)
+        if boundary and pending0 is not None:
+            np.testing.assert_allclose(sim.W, W0 + pending0, rtol=1e-12, atol=1e-13)
             for r in range(N):
-                assert np.array_equal(sim.S[r], sim.L[r])                 # S <- L after the restart
-        elif (m + 1) % k != 0:
+                np.testing.assert_allclose(sim.L[r], sim.W + D[r], rtol=1e-12, atol=1e-13)   # L_r = W + D_r
+            np.testing.assert_allclose(sim.pending, sum(D) / N, rtol=1e-12, atol=1e-13)
+            np.testing.assert_allclose(sum(sim.L) / N, sim.W + sim.pending, rtol=1e-12, atol=1e-13)
+            checked += 1
+        elif not boundary:
             assert all(np.array_equal(a, b) for a, b in zip(S_before, sim.S))
+    assert checked == 4
     sim.step()                                                            # one into the next period
     sim.finalize()
     np.testing.assert_allclose(sim.W, sum(sim.L) / N, rtol=1e-12, atol=1e-13)

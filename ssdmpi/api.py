@@ -1,0 +1,135 @@
+"""The Python API: ``ssdmpi.train(config, model=None, dataset=None)`` from a script under ``mpiexec``.
+
+A thin layer over ``ssdmpi train``: the settings become the same ``TrainConfig`` (defaults <
+preset < file < these settings), the run goes through the same ``train.run_job`` (loop,
+checkpoints, metrics, signals, exit codes), and its run directory is the same. See
+docs/API.md for examples.
+
+``config``: a mapping of settings (keys as in a YAML config: ``{"algo": "ssd", "epochs": 3}``;
+they override the preset like flags do), a ``TrainConfig``, a path to a YAML file, or None.
+Two extra keys: ``preset`` (as ``--preset``) and ``resume`` (as ``--resume``).
+
+``model``: None (``config["model"]`` names it), a factory
+``factory(input_shape, num_classes, *, xp, dtype, seed, **options) -> ssdmpi.nn.Model`` (the
+keywords it does not declare are not passed), or a built ``Model`` (it must use the run's
+array module and dtype). It is recorded in the run's config as ``module:qualname`` (a
+factory) or its ``name`` (a Model).
+
+``dataset``: None (``config["dataset"]`` names it), a ``Dataset`` (``ssdmpi.data``), or arrays
+``(train_x, train_y, test_x, test_y)`` / a mapping with those keys (and optionally
+``num_classes``, ``name``): (N, D) feature vectors or (N, [C,] H, W) images, normalised as
+every dataset is (``ssdmpi.data.from_arrays``).
+
+Every rank calls ``train`` with the same arguments. Returns a ``Result`` on every rank; bad
+input raises ``UserError`` (one line) on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from ssdmpi.errors import UserError
+
+
+@dataclasses.dataclass
+class Result:
+    """What ``train`` returns on every rank.
+
+    ``exit_code``: as ``ssdmpi train`` (0 done, 3 diverged, 85/130 checkpointed after a signal);
+    ``run_dir``; ``summary``: ``summary.json``'s content after a finished run (rank 0 writes it;
+    every rank gets it), else {}; ``model``: the trained ``Model`` with the global weights ``W``
+    in its parameters after a finished run; ``config``: the resolved ``TrainConfig``.
+    """
+
+    exit_code: int
+    run_dir: str
+    summary: dict
+    model: object
+    config: object
+
+
+def train(config=None, model=None, dataset=None) -> Result:
+    """Train ``model`` on ``dataset`` with the settings ``config`` (see the module docstring)."""
+    from ssdmpi import train as trainer
+
+    args = _arguments(config)
+    model_spec = None
+    if model is not None:
+        from ssdmpi.nn.models import model_label
+
+        if isinstance(model, str):
+            args.model = model
+        else:
+            model_spec, args.model = model, model_label(model)
+    data = None if dataset is None else _dataset(dataset)
+    if data is not None:
+        args.dataset, args.data_path = data.name, None
+    code, job = trainer.run_job(args, model=model_spec, dataset=data)
+    summary = {}
+    if code == 0:
+        job.model.params[...] = job.algo.global_weights()   # training is over: W is the model
+        summary = _summary(job.cfg.run_dir)
+    return Result(exit_code=code, run_dir=job.cfg.run_dir, summary=summary, model=job.model, config=job.cfg)
+
+
+def _arguments(config) -> argparse.Namespace:
+    """The ``ssdmpi train`` arguments ``config`` stands for (its settings as flags)."""
+    from ssdmpi import config as configuration
+
+    parser = argparse.ArgumentParser(prog="ssdmpi.train")
+    configuration.add_arguments(parser)
+    args = parser.parse_args([])
+    if config is None:
+        return args
+    if isinstance(config, (str, os.PathLike)):
+        args.config = os.fspath(config)
+        return args
+    if isinstance(config, configuration.TrainConfig):
+        settings = config.to_dict()
+    elif isinstance(config, dict):
+        settings = dict(config)
+    else:
+        raise UserError(f"ssdmpi.train: config must be a mapping of settings, a TrainConfig or a YAML path; "
+                        f"got {type(config).__name__}")
+    for key in ("preset", "resume", "config"):
+        if key in settings:
+            setattr(args, key, settings.pop(key))
+    for name, value in configuration._normalise(settings, "ssdmpi.train config").items():
+        setattr(args, name, value)
+    return args
+
+
+def _dataset(dataset):
+    """A ``Dataset`` from what ``train`` accepts as ``dataset``."""
+    from ssdmpi.data import datasets
+
+    if isinstance(dataset, datasets.Dataset):
+        return dataset
+    if isinstance(dataset, dict):
+        keys = ("train_x", "train_y", "test_x", "test_y")
+        missing = [k for k in keys if k not in dataset]
+        extra = sorted(set(dataset) - set(keys) - {"num_classes", "name"})
+        if missing or extra:
+            raise UserError(f"ssdmpi.train: a dataset mapping needs {', '.join(keys)} (and optionally num_classes, "
+                            f"name); {'missing ' + ', '.join(missing) if missing else 'unknown ' + ', '.join(extra)}")
+        return datasets.from_arrays(*(dataset[k] for k in keys), num_classes=dataset.get("num_classes"),
+                                    name=dataset.get("name", "arrays"))
+    if isinstance(dataset, (tuple, list)) and len(dataset) == 4:
+        return datasets.from_arrays(*dataset)
+    raise UserError("ssdmpi.train: dataset must be an ssdmpi.data.Dataset, (train_x, train_y, test_x, test_y) "
+                    f"or a mapping with those keys; got {type(dataset).__name__}")
+
+
+def _summary(run_dir: str) -> dict:
+    """``summary.json`` as rank 0 wrote it, on every rank."""
+    import json
+
+    from ssdmpi.comm import world
+
+    def read():
+        with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
+            return json.load(f)
+
+    return world.on_root(read)
