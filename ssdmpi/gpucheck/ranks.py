@@ -141,34 +141,34 @@ def algorithms(log: PartLog | None, comm, cupy, transport: str) -> None:
                   goal="<= 1e-9 rel", detail=error)
 
 
-def _matmuls(cupy, a, seconds_each: float) -> int:
+def _matmuls(a, seconds_each: float) -> int:
     """How many ``a @ a`` make about ``seconds_each`` of GPU work (measured)."""
-    cupy.cuda.get_current_stream().synchronize()
+    backend.synchronize()
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < 0.2:
         a @ a
         n += 1
-        cupy.cuda.get_current_stream().synchronize()
+        backend.synchronize()
     return max(1, int(n * seconds_each / (time.perf_counter() - t0)))
 
 
-def overlap(log: PartLog | None, comm, cupy, transport: str = "host", mb: int = 64, rounds: int = 5) -> None:
+def overlap(log: PartLog | None, comm, xp, transport: str = "host", mb: int = 64, rounds: int = 5) -> None:
     """Allreduce of ``mb`` MB alone, GPU compute alone (about twice as long), then both at once."""
     from mpi4py import MPI
 
     from ssdmpi.comm.communicator import Communicator
 
     with Communicator(comm, transport=transport) as c:
-        buf = cupy.ones(mb * 2**20 // 4, dtype=cupy.float32)
-        a = cupy.ones((2048, 2048), dtype=cupy.float32)
-        sync = cupy.cuda.get_current_stream().synchronize
+        buf = xp.ones(mb * 2**20 // 4, dtype=xp.float32)
+        a = xp.ones((2048, 2048), dtype=xp.float32)
+        sync = backend.synchronize
 
         def comm_alone():
             c.allreduce_start(buf, average=False).wait()
             sync()
 
         t_comm = _median_time(comm_alone, comm, rounds)
-        n = _matmuls(cupy, a, 2 * t_comm)
+        n = _matmuls(a, 2 * t_comm)
 
         def compute_alone():
             for _ in range(n):

@@ -90,7 +90,9 @@ def run_part(part: str, budget: float, cmd: list[str], part_file: str, log_path:
     t0 = time.monotonic()
     error = None
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Both ranks run here (one GPU): MPICH's launcher must fork them, not ask Slurm for a step.
+        env = {**os.environ, "HYDRA_LAUNCHER": os.environ.get("HYDRA_LAUNCHER", "fork")}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             rc = proc.wait(timeout=budget)
             if rc != 0:
