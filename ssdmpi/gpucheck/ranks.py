@@ -212,13 +212,18 @@ def main(argv=None) -> int:
     parser.add_argument("part", choices=("algorithms", "overlap"))
     parser.add_argument("file")
     parser.add_argument("--transport", default="host", choices=("host", "cuda-aware"))
+    parser.add_argument("--numpy", action="store_true",
+                        help="the harness on NumPy, no GPU (its tests: it proves nothing about a GPU)")
     args = parser.parse_args(argv)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     log = PartLog(args.file, f"{args.part}-{args.transport}") if comm.Get_rank() == 0 else None
-    backend.bind_gpu(0)                        # both ranks share the one GPU
-    cupy = backend.select("gpu")
+    if args.numpy:
+        cupy = backend.select("cpu")
+    else:
+        backend.bind_gpu(0)                    # both ranks share the one GPU
+        cupy = backend.select("gpu")
     if log is not None:
         log.note(f"{comm.Get_size()} ranks on one GPU; transport {args.transport}; "
                  f"{MPI.Get_library_version().splitlines()[0]}")

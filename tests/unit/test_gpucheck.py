@@ -173,6 +173,37 @@ def test_the_algorithm_comparison_finds_nothing_on_numpy_at_one_rank():
         assert worst == 0.0 and same, settings      # one rank on NumPy: the reference's very operations
 
 
+def test_the_algorithm_comparison_sees_a_reference_that_drifts(monkeypatch):
+    from mpi4py import MPI
+
+    from ssdmpi.algos import reference
+    from ssdmpi.gpucheck.ranks import compare_one
+
+    class Drifting(reference.Simulation):
+        def step(self):
+            out = super().step()
+            self.W = self.W + 1e-7
+            return out
+
+    monkeypatch.setattr(reference, "Simulation", Drifting)
+    backend.select("cpu")
+    worst, same = compare_one(MPI.COMM_SELF, np, {"algo": "ssgd"}, np.float64, "test", "host")
+    assert worst >= 1e-7 and same
+
+
+def test_the_two_rank_harness_runs_under_mpiexec_on_numpy(tmp_path):
+    """``ranks algorithms`` at 2 ranks on NumPy: every case runs, and matches the reference bitwise
+    (2 ranks: an MPI sum is one addition). On a GPU the same code compares CuPy with NumPy."""
+    part_file = tmp_path / "alg.json"
+    mpiexec = run.mpiexec()
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "ssdmpi.gpucheck.ranks", "algorithms",
+                           str(part_file), "--numpy"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = json.loads(part_file.read_text())["checks"]
+    assert len(checks) == 11 and all(c["ok"] and c["value"] == 0.0 for c in checks), checks
+    assert any("asgd" in c["name"] for c in checks)
+
+
 def test_the_training_part_reads_the_last_step_record(tmp_path):
     from ssdmpi.gpucheck.parts import _last_step_record
 
