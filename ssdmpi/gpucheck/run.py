@@ -130,12 +130,17 @@ def main(argv=None) -> int:
         print(f"ssdmpi-gpucheck: unknown part(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}",
               file=sys.stderr)
         return 2
+    try:
+        os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    except OSError as exc:
+        print(f"ssdmpi-gpucheck: cannot write the report to {args.out} ({exc.strerror}); pass a writable --out",
+              file=sys.stderr)
+        return 2
     from ssdmpi import backend
 
     cupy, why = backend.probe_cupy()
     if cupy is None:
         text = why[len("no GPU ("):-1] if why.startswith("no GPU (") else why
-        os.makedirs(args.out, exist_ok=True)
         Report(args.out, {"command": " ".join(["ssdmpi-gpucheck"] + argv)}, verdict=f"no GPU: {text}").save()
         print(f"ssdmpi-gpucheck: no GPU: {text}", file=sys.stderr)
         return 2
@@ -149,7 +154,7 @@ def run_all(args, chosen: list[str], gpu: str, argv: list[str]) -> int:
               "python": sys.version.split()[0], "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "command": " ".join(["ssdmpi-gpucheck"] + argv)}
     report = Report(args.out, header)
-    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)   # run_all may be called directly (tests)
     deadline = time.monotonic() + TOTAL_BUDGET * args.budget_scale
     for part, budget, where in PARTS:
         if part not in chosen:

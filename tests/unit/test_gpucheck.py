@@ -40,6 +40,14 @@ def test_a_bad_part_name_is_one_line_and_exit_2(tmp_path, capsys):
     assert len(err) == 1 and "unknown part(s) warp-drive" in err[0]
 
 
+def test_an_unwritable_out_is_one_line_and_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert run.main(["--out", str(blocker / "report")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write the report" in err[0]
+
+
 def test_part_log_saves_after_every_check(tmp_path):
     path = tmp_path / "p.json"
     log = PartLog(str(path), "demo")
