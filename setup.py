@@ -44,5 +44,5 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["ssdmpi = ssdmpi.cli:main"]},
-    scripts=["bin/ssdmpi-netns", "bin/ssdmpi-cluster"],
+    scripts=["bin/ssdmpi-netns", "bin/ssdmpi-cluster", "bin/ssdmpi-gpucheck"],
 )

@@ -148,6 +148,80 @@ def pinned_empty(shape, dtype=np.float32) -> np.ndarray:
     return np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
 
 
+class HostEvent:
+    """Stand-in for ``cupy.cuda.Event`` on NumPy runs: host work is done when it returns."""
+
+    done = True
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+
+class HostStream:
+    """Stand-in for ``cupy.cuda.Stream`` on NumPy runs (the same method names, no work)."""
+
+    done = True
+
+    def record(self, event=None):
+        """An event that is already complete."""
+        return event if event is not None else HostEvent()
+
+    def wait_event(self, event) -> None:
+        """Nothing to wait for: host work is ordered by the host thread."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+
+HOST_STREAM = HostStream()
+_copy_streams: dict = {}   # CUDA device id -> the staging copy stream
+
+
+def current_stream():
+    """The stream kernels are queued on now (CuPy's current stream; ``HOST_STREAM`` on NumPy)."""
+    return _xp.cuda.get_current_stream() if _device == "gpu" else HOST_STREAM
+
+
+def copy_stream():
+    """The dedicated stream of the host-staged transport's copies (one per CUDA device).
+
+    Non-blocking (``cudaStreamNonBlocking``): CuPy queues kernels on the legacy default stream,
+    which a plain stream would synchronise with, serialising the copies with the compute.
+    ``HOST_STREAM`` on NumPy runs.
+    """
+    if _device != "gpu":
+        return HOST_STREAM
+    dev = _xp.cuda.Device().id
+    if dev not in _copy_streams:
+        _copy_streams[dev] = _xp.cuda.Stream(non_blocking=True)
+    return _copy_streams[dev]
+
+
+def new_event():
+    """An event for ordering streams: no timing (cheaper to record), completed ones report ``done``."""
+    return _xp.cuda.Event(disable_timing=True) if _device == "gpu" else HostEvent()
+
+
+def host_floats(values) -> list:
+    """``values`` (Python floats, NumPy scalars, 0-d device arrays, mixed) as Python floats, reading
+    device values in ONE copy: the host sync the training loop pays at a log interval, not per step."""
+    values = list(values)
+    out = [None] * len(values)
+    on_device = [i for i, v in enumerate(values) if is_device_array(v)]
+    for i, v in enumerate(values):
+        if not is_device_array(v):
+            out[i] = float(v)
+    if on_device:
+        xp = array_module(values[on_device[0]])
+        if xp is np:    # foreign device arrays (tests' fakes): one at a time
+            read = [float(to_host(values[i])) for i in on_device]
+        else:
+            read = to_host(xp.stack([values[i] for i in on_device])).tolist()
+        for i, v in zip(on_device, read):
+            out[i] = float(v)
+    return out
+
+
 # nvcc/NVRTC contract a*b + c into one FMA by default (one rounding where NumPy rounds twice):
 # fused kernels are compiled without it, and with IEEE division, so they give the NumPy bits.
 ELEMENTWISE_OPTIONS = ("--fmad=false", "--prec-div=true")

@@ -38,7 +38,7 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
                 xb, yb = loader.next_batch()
                 if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
                     xb = xb.astype(model.dtype)
-                interval.add(float(algo.step(backend.to_device(xb), backend.to_device(yb))))
+                interval.add(algo.step(backend.to_device(xb), backend.to_device(yb)))
             state.step += 1
             out.progress.advance(state.step)
             due = Due(cfg, state.step, job.E, job.total_steps)
@@ -108,12 +108,41 @@ class Interval:
     def reset(self) -> None:
         self.steps, self.loss, self.bad, self.t0 = 0, 0.0, 0, time.monotonic()
 
-    def add(self, loss: float) -> None:
+    def add(self, loss) -> None:
+        """Count a step and keep its loss (a float, or a 0-d device array left on the GPU: reading
+        it is a host sync, paid once per interval when ``loss``/``bad`` are read)."""
         self.steps += 1
-        if math.isfinite(loss):
-            self.loss += loss
-        else:
-            self.bad += 1
+        self._unread.append(loss)
+
+    @property
+    def loss(self) -> float:
+        """Sum of the interval's finite losses (reads the kept ones first, all in one copy)."""
+        return self._read()[0]
+
+    @loss.setter
+    def loss(self, value: float) -> None:
+        self._unread, self._loss = [], value
+
+    @property
+    def bad(self) -> int:
+        """How many of the interval's losses were not finite (the divergence check's count)."""
+        return self._read()[1]
+
+    @bad.setter
+    def bad(self, value: int) -> None:
+        self._unread, self._bad = [], value
+
+    def _read(self) -> tuple:
+        if self._unread:
+            from ssdmpi import backend
+
+            for value in backend.host_floats(self._unread):
+                if math.isfinite(value):
+                    self._loss += value
+                else:
+                    self._bad += 1
+            self._unread = []
+        return self._loss, self._bad
 
     def reduce(self, comm, stop: Stop, algo) -> dict:
         """Collective: sums over ranks of the interval's numbers, the signal flags and the

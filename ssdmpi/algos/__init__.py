@@ -17,7 +17,8 @@ The Algorithm API (what the trainer uses)
 ``algo.step(x, y) -> float``  (collective)
     Runs iteration ``t`` on this rank's batch: forward/backward on the current compute
     weights (``model.loss_and_grad``), the communication of the schedule, the global
-    and local updates. Returns the mean loss of the batch (computed before the update).
+    and local updates. Returns the mean loss of the batch (computed before the update):
+    a float on NumPy, a 0-d device array on CuPy (reading it waits for the GPU).
 
 ``algo.drain()``  (collective)
     Completes any request in flight. ``ssd --comm step`` applies the completed global

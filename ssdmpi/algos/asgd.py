@@ -160,7 +160,6 @@ class ASGD:
     def _push_pull(self, x, y) -> float:
         loss = self.model.loss_and_grad(x, y)
         g, params = self.model.grads, self.model.params
-        backend.synchronize()
         pulls = [self.comm.recv_start(params[sl], rank, PULL_TAG) for sl, rank in zip(self.shards, self.server_ranks)]
         pushes = [self.comm.send_start(g[sl], rank, PUSH_TAG) for sl, rank in zip(self.shards, self.server_ranks)]
         self.comm.wait_all(pushes + pulls)

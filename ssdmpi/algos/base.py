@@ -153,7 +153,6 @@ class Algorithm:
         """ALGORITHM.md 1.1 / section 3: blocking allreduce of the mean gradients, one global update."""
         loss = self.model.loss_and_grad(x, y)
         G = self.model.grads
-        backend.synchronize()
         self.comm.allreduce_mean(G)        # G = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
         self.global_sgd.step(self.W, self.M, G, self.schedule(self.s))
         self.s += 1

@@ -13,7 +13,6 @@ The momentum buffers stay per rank (not averaged), as in post-local SGD.
 
 from __future__ import annotations
 
-from ssdmpi import backend
 from ssdmpi.algos.base import Algorithm
 
 
@@ -34,7 +33,6 @@ class LocalSGD(Algorithm):
         loss = self.model.loss_and_grad(x, y)
         self.global_sgd.step(self.L, self.V, self.model.grads, self.schedule(self.t))
         if (m + 1) % self.k == 0:
-            backend.synchronize()
             self.comm.allreduce_mean(self.L)
             self.W[...] = self.L
             self.s += self.k
@@ -44,7 +42,6 @@ class LocalSGD(Algorithm):
         """End of training: a partial period's local progress is averaged too, as its period end
         would have: ``W <- mean_r L_r``, ``L <- W`` (blocking, collective)."""
         if self.stage == "delay" and (self.t - self.T_w) % self.k != 0:
-            backend.synchronize()
             self.comm.allreduce_mean(self.L)
             self.W[...] = self.L
 

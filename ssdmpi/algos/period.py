@@ -48,9 +48,6 @@ class PeriodRule:
         return self.a.schedule(t)
 
     def _post(self, buf):
-        from ssdmpi import backend  # late: the CLI parser reads PERIOD_RULES
-
-        backend.synchronize()
         return self.a.comm.allreduce_start(buf, average=True)
 
     def drain(self) -> None:
@@ -139,9 +136,6 @@ class GradientReplay(PeriodRule):
         super().finalize()
         j = (a.t - a.T_w) % a.k
         if j:
-            from ssdmpi import backend
-
-            backend.synchronize()
             a.comm.allreduce_mean(self._acc)
             self._apply(self._acc, j)
 
@@ -205,9 +199,6 @@ class DeltaOwn(PeriodRule):
         if (a.t - a.T_w) % a.k != 0:               # not on a boundary: L - S is not zero
             D = self._acc
             a.xp.subtract(a.L, self.S, out=D)
-            from ssdmpi import backend
-
-            backend.synchronize()
             a.comm.allreduce_mean(D)
             a.W += D
             self.S[...] = a.L

@@ -6,7 +6,6 @@ the allreduce averages it over ranks, which gives ALGORITHM.md's ``G/(B*N)``.
 
 from __future__ import annotations
 
-from ssdmpi import backend
 from ssdmpi.algos.base import Algorithm
 from ssdmpi.algos.period import PERIOD_RULES
 from ssdmpi.optim.local import make_local_update
@@ -72,7 +71,6 @@ class SSDStep(_SSDBase):
         g = self.model.grads
         buf = self._bufs[self.t % 2]
         buf[...] = g
-        backend.synchronize()
         handle = self.comm.allreduce_start(buf, average=True)
         self._apply_inflight()
         self._handle = handle

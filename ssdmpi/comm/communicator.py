@@ -49,8 +49,11 @@ are fixed slices of the same vector on every rank, and the mean is one IEEE divi
 ``average=False``: the division is a full extra pass over the buffer (on a 2-rank shared
 memory allreduce of 64 MB it costs about a third of the allreduce time).
 
-GPU buffers: see ``ssdmpi/comm/transport.py`` (the producing stream is synchronised in
-``allreduce_start``/``broadcast``; ``host`` stages through pinned memory). Progress strategies
+GPU buffers: see ``ssdmpi/comm/transport.py``. ``allreduce_start`` never waits for the GPU: it
+orders the staging after the kernel that wrote ``buf`` with events, and the request is posted
+once the staging is ready (by the communication thread, or by ``progress``/``test``/``wait``
+with ``--progress test``); ``wait`` queues the copy back before the caller's next kernels.
+``host`` stages through pinned memory. Progress strategies
 and their measured defaults: ``ssdmpi/comm/progress.py``. Stall watchdog:
 ``ssdmpi/comm/watchdog.py``.
 """
@@ -88,7 +91,8 @@ class AllreduceHandle:
     """
 
     __slots__ = ("buf", "seq", "nbytes", "_owner", "_work", "_buckets", "_divisor", "_divided",
-                 "_requests", "_event", "_error", "_t_posted", "_t_returned", "_t_complete", "_final")
+                 "_requests", "_event", "_error", "_t_posted", "_t_returned", "_t_complete", "_final",
+                 "_staged", "_unposted")
 
     def __init__(self, owner, buf, work, buckets, divisor, seq):
         self.buf, self.seq, self.nbytes = buf, seq, buf.nbytes
@@ -151,12 +155,12 @@ class Communicator:
     Args (see the module contract): ``progress``: ``auto|test|thread|blocking``;
     ``transport``: ``auto|cuda-aware|host`` (device buffers only); ``bucket_bytes``: None
     for one fused request, else the size of each fixed slice; ``stall_timeout``: seconds,
-    None or 0 disables the watchdog; ``synchronize``: the hook that waits for the stream
-    producing device buffers (default ``backend.synchronize``; tests pass a fake).
+    None or 0 disables the watchdog; ``streams``: where the transport's streams and events
+    come from (default ``ssdmpi.backend``; tests pass fakes, see ``Transport``).
     """
 
     def __init__(self, comm=None, progress: str = "auto", transport: str = "auto", bucket_bytes=None,
-                 stall_timeout: float | None = 300.0, synchronize=None):
+                 stall_timeout: float | None = 300.0, streams=None):
         from mpi4py import MPI
 
         from ssdmpi import backend
@@ -170,7 +174,7 @@ class Communicator:
                             "use --progress test or blocking")
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise UserError(f"bucket size must be a positive number of bytes, got {bucket_bytes!r}")
-        self.transport = Transport(transport, synchronize)   # validates before any collective call
+        self.transport = Transport(transport, streams)   # validates before any collective call
         self._MPI = MPI
         base = comm if comm is not None else MPI.COMM_WORLD
         self._comm = base.Dup()
@@ -447,29 +451,31 @@ class Communicator:
             if other.buf is buf:
                 raise ValueError(f"this buffer is already in flight in {other}; wait() for it before reusing it")
         seq = self._next_seq()
-        work = self.transport.to_mpi(buf)
+        staged = self.transport.stage(buf)      # returns at once; MPI may start once staged.ready()
+        work = staged.work
         buckets = self._buckets(work)
         divisor = self.size if average and self.size > 1 else None
         handle = AllreduceHandle(self, buf, work, buckets, divisor, seq)
         handle._t_posted = t_posted
+        handle._staged, handle._unposted = staged, strategy == "test"
         # Dividing on the host right after each bucket is reduced keeps the data in cache; device
         # buffers are divided on the device in ``wait`` (on the caller's stream).
         divide_here = divisor is not None and not self.transport.is_device(buf)
         if strategy == "blocking":
             self._watched(handle, seq, self._reduce_buckets, handle, divide_here)
             handle._t_complete = _clock()
-        elif strategy == "test":
-            op, in_place = self._MPI.SUM, self._MPI.IN_PLACE
-            handle._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in buckets]
-        else:
+        elif strategy != "test":
             handle._event = threading.Event()
             self._thread.submit(lambda: self._thread_job(handle, divide_here))
         self._pending.append(handle)
+        if strategy == "test":
+            self._post_staged(handle, wait=False)   # now if the staging is ready, else from test()
         handle._t_returned = _clock()
         return handle
 
     def _reduce_buckets(self, handle, divide_here: bool) -> None:
         op, in_place, allreduce = self._MPI.SUM, self._MPI.IN_PLACE, self._comm.Allreduce
+        handle._staged.wait_ready()        # this thread waits for the staging copy; the GPU runs on
         for b in handle._buckets:
             allreduce(in_place, b, op=op)
             if divide_here:
@@ -486,7 +492,26 @@ class Communicator:
         finally:
             handle._event.set()
 
+    def _post_staged(self, upto, wait: bool) -> bool:
+        """``--progress test``: post the requests whose staging is ready, in posting order (every
+        rank posts the same sequence), up to ``upto``; ``wait``: wait for each staging first.
+        True when ``upto`` is posted."""
+        op, in_place = self._MPI.SUM, self._MPI.IN_PLACE
+        for h in self._pending:
+            if h._unposted:
+                if not h._staged.ready():
+                    if not wait:
+                        return False
+                    h._staged.wait_ready()
+                h._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in h._buckets]
+                h._unposted = False
+            if h is upto:
+                break
+        return True
+
     def _test(self, handle) -> bool:
+        if handle._unposted and not self._post_staged(handle, wait=False):
+            return False
         if handle._requests is not None:
             if not self._MPI.Request.Testall(handle._requests):
                 return False
@@ -499,6 +524,8 @@ class Communicator:
     def _finish(self, handle) -> None:
         """``wait()``: complete the request, copy back, divide, record timings."""
         t_wait = _clock()
+        if handle._unposted:
+            self._post_staged(handle, wait=True)
         if handle._t_complete is None or handle._event is not None:
             if handle._requests is not None:
                 self._watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)

@@ -11,9 +11,25 @@ For device buffers:
   ``Iallreduce`` on device buffers as unsupported).
 - ``auto``: ``SSDMPI_TRANSPORT`` if set, else ``host`` (conservative).
 
-Either way the producing stream is synchronised before MPI (or the staging copy) touches the
-buffer, because MPI knows nothing of CUDA streams. Device arrays are driven through CuPy's
-own method names (``get(out=host)``, ``set(host)``), so this module never imports CuPy.
+Ordering without stalling the compute stream (MPI knows nothing of CUDA streams). ``stage(buf)``
+returns at once; the caller's thread never waits for the GPU:
+
+1. an event is recorded on the *current* (compute) stream, after the kernel that wrote ``buf``;
+2. ``host``: the dedicated copy stream (``backend.copy_stream()``, non-blocking) waits on that
+   event, then copies ``buf`` into its pinned staging buffer asynchronously, and records a
+   second event: the staging's *ready* event. ``cuda-aware``: the first event is the ready one;
+3. the Communicator posts MPI only once the ready event completed: the communication thread
+   waits on it, the ``test`` strategy polls it (``Staged.ready``) from ``progress``/``test``,
+   ``blocking`` waits on it;
+4. ``from_mpi`` (after MPI finished) queues the copy back on the copy stream and makes the
+   current stream wait on its event, so the consumer's kernels read the result, not the old
+   values, while the host goes on at once.
+
+The copy stream's FIFO order also keeps a staging buffer from being refilled before its copy
+back has read it. Streams and events come from ``backend`` (``current_stream``, ``copy_stream``,
+``new_event``; harmless stand-ins on NumPy), or from a fake passed as ``streams`` (tests).
+Device arrays are driven through CuPy's own method names (``get(out=, stream=, blocking=False)``,
+``set(host, stream=)``), so this module never imports CuPy.
 """
 
 from __future__ import annotations
@@ -72,22 +88,42 @@ def resolve_transport(transport: str = "auto") -> str:
     return "cuda-aware" if transport == "cuda-aware" else "host"
 
 
-class Transport:
-    """Turns a caller's buffer into the buffer MPI works on, and back.
+class Staged:
+    """One buffer on its way to MPI: ``work`` is the buffer MPI reads and writes (``buf`` itself,
+    or its pinned host copy); MPI may touch it once ``ready()`` (the ready event completed)."""
 
-    ``to_mpi(buf)`` (caller's thread, before MPI starts): synchronise if ``buf`` is a device
-    buffer, then return the 1-D buffer MPI should use (``buf`` itself, or a pinned host copy).
-    ``from_mpi(buf, work)`` (caller's thread, after MPI finished): copy a host copy back.
+    __slots__ = ("buf", "work", "event")
+
+    def __init__(self, buf, work, event=None):
+        self.buf, self.work, self.event = buf, work, event
+
+    def ready(self) -> bool:
+        """True when MPI may use ``work`` (does not wait)."""
+        return self.event is None or bool(self.event.done)
+
+    def wait_ready(self) -> None:
+        """Block this thread (only) until MPI may use ``work``."""
+        if self.event is not None:
+            self.event.synchronize()
+
+
+class Transport:
+    """Turns a caller's buffer into the buffer MPI works on, and back (see the module docstring).
+
+    ``stage(buf)`` (caller's thread, before MPI starts; returns at once): a ``Staged``.
+    ``to_mpi(buf)``: ``stage`` and wait until ready; the blocking form (broadcasts, point-to-point).
+    ``from_mpi(buf, work)`` (caller's thread, after MPI finished): queue the copy back, if any,
+    ordered before the caller's next kernels.
+    ``streams``: where ``current_stream()``, ``copy_stream()`` and ``new_event()`` come from
+    (default ``ssdmpi.backend``; tests pass fakes that record the order of operations).
     """
 
-    def __init__(self, transport: str = "auto", synchronize=None):
+    def __init__(self, transport: str = "auto", streams=None):
         from ssdmpi import backend
 
         self.name = resolve_transport(transport)
         self._backend = backend
-        # The hook that waits for the stream producing device buffers; tests replace it to
-        # check it runs before MPI sees the buffer.
-        self.synchronize = synchronize if synchronize is not None else backend.synchronize
+        self.streams = streams if streams is not None else backend
         self._staging: dict = {}
 
     def is_device(self, buf) -> bool:
@@ -98,21 +134,33 @@ class Transport:
         """True when ``buf`` travels through a host copy."""
         return self.name == "host" and self.is_device(buf)
 
-    def to_mpi(self, buf):
-        """The buffer MPI should read and write for ``buf`` (see the class contract)."""
+    def stage(self, buf) -> Staged:
+        """Start ``buf``'s trip to MPI without waiting for the GPU (steps 1-2 of the module docstring)."""
         if not self.is_device(buf):
-            return buf
-        self.synchronize()
+            return Staged(buf, buf)
+        streams = self.streams
+        produced = streams.current_stream().record(streams.new_event())
         if self.name == "cuda-aware":
-            return buf
+            return Staged(buf, buf, produced)
+        copy = streams.copy_stream()
         host = self._staging_for(buf)
-        buf.get(out=host)
-        return host
+        copy.wait_event(produced)
+        buf.get(out=host, stream=copy, blocking=False)
+        return Staged(buf, host, copy.record(streams.new_event()))
+
+    def to_mpi(self, buf):
+        """The buffer MPI should read and write for ``buf``, once it may (blocks this thread only)."""
+        staged = self.stage(buf)
+        staged.wait_ready()
+        return staged.work
 
     def from_mpi(self, buf, work) -> None:
-        """Copy MPI's result in ``work`` back into ``buf`` when they differ."""
+        """Copy MPI's result in ``work`` back into ``buf`` when they differ (step 4)."""
         if work is not buf:
-            buf.set(work)
+            streams = self.streams
+            copy = streams.copy_stream()
+            buf.set(work, stream=copy)
+            streams.current_stream().wait_event(copy.record(streams.new_event()))
 
     def _staging_for(self, buf):
         """A pinned host buffer for this device buffer, reused across calls."""
@@ -121,6 +169,7 @@ class Transport:
         host = self._staging.get(key)
         if host is None:
             if len(self._staging) >= 16:   # a caller cycling through many buffers: do not hoard pinned memory
+                self.streams.copy_stream().synchronize()   # no copy may still use a buffer we let go
                 self._staging.clear()
             host = self._staging[key] = self._backend.pinned_empty(tuple(cai["shape"]), buf.dtype)
         return host

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ssdmpi.backend import array_module
+from ssdmpi.backend import array_module, is_device_array
 
 
 def softmax_cross_entropy(logits, labels):
@@ -12,8 +12,10 @@ def softmax_cross_entropy(logits, labels):
         logits: (batch, classes) float array.
         labels: (batch,) integer class indices.
     Returns:
-        ``(loss, dlogits)``: ``loss`` a Python float (mean over the batch), ``dlogits``
-        the gradient of that mean, ``(softmax(logits) - onehot) / batch``.
+        ``(loss, dlogits)``: ``loss`` the mean over the batch, as a Python float on NumPy and a
+        0-d device array on CuPy (converting it waits for the GPU: the training loop reads the
+        losses once per log interval, ``backend.host_floats``); ``dlogits`` the gradient of
+        that mean, ``(softmax(logits) - onehot) / batch``.
     """
     xp = array_module(logits)
     n = logits.shape[0]
@@ -22,7 +24,9 @@ def softmax_cross_entropy(logits, labels):
     sums = exp.sum(axis=1, keepdims=True)
     rows = xp.arange(n)
     log_prob_true = shifted[rows, labels] - xp.log(sums[:, 0])
-    loss = float(-log_prob_true.mean())
+    loss = -log_prob_true.mean()
+    if not is_device_array(loss):   # free on the host, and callers may rely on a float there
+        loss = float(loss)
     dlogits = exp / sums
     dlogits[rows, labels] -= 1
     dlogits /= n

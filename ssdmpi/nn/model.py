@@ -182,8 +182,9 @@ class Model:
             if hook is not None:
                 hook()
 
-    def loss_and_grad(self, x, labels) -> float:
-        """Forward + backward on one batch; returns the mean loss, leaves the mean gradient in ``grads``."""
+    def loss_and_grad(self, x, labels):
+        """Forward + backward on one batch; returns the mean loss (a float on NumPy, a 0-d device
+        array on CuPy: see ``softmax_cross_entropy``), leaves the mean gradient in ``grads``."""
         logits = self.forward(x, train=True)
         loss, dlogits = softmax_cross_entropy(logits, labels)
         self.backward(dlogits)

@@ -104,3 +104,35 @@ def test_cupy_installed_without_a_gpu_falls_back_to_numpy():
         cupy.zeros(1)
     assert backend.select("auto") is np
     assert "first allocation failed" in backend.reason()
+
+
+def test_stream_stand_ins_on_numpy():
+    # The transport's stream calls work unchanged on NumPy runs, and never wait.
+    backend.select("cpu")
+    stream, copy = backend.current_stream(), backend.copy_stream()
+    assert stream is copy is backend.HOST_STREAM
+    event = stream.record(backend.new_event())
+    assert event.done
+    copy.wait_event(event)
+    event.synchronize()
+    copy.synchronize()
+
+
+def test_host_floats_reads_host_and_device_scalars_in_order():
+    values = [1.5, np.float32(2.5), FakeDeviceArray(np.array(3.5, dtype=np.float32)), np.nan]
+    out = backend.host_floats(values)
+    assert out[:3] == [1.5, 2.5, 3.5] and np.isnan(out[3]) and all(type(v) is float for v in out)
+    assert backend.host_floats([]) == []
+
+
+@pytest.mark.skipif(GPU is None, reason=f"no GPU: {WHY_NOT}")
+def test_gpu_streams_events_and_device_scalars():
+    xp = backend.select("gpu")
+    copy = backend.copy_stream()
+    assert copy is backend.copy_stream() and copy.is_non_blocking     # one per device; runs beside the null stream
+    event = backend.current_stream().record(backend.new_event())
+    copy.wait_event(event)
+    event.synchronize()
+    assert event.done
+    losses = [xp.asarray(1.25, dtype=xp.float32), 2.0, xp.asarray(float("inf"))]
+    assert backend.host_floats(losses) == [1.25, 2.0, float("inf")]

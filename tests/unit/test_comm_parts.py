@@ -9,6 +9,7 @@ from ssdmpi.comm.communicator import format_bytes
 from ssdmpi.comm.stats import KEYS, CommStats
 from ssdmpi.comm.transport import Transport, resolve_transport
 from ssdmpi.errors import UserError
+from tests.fakes import FakeGPU
 
 
 def test_equal_signatures_agree():
@@ -78,10 +79,11 @@ def test_transport_resolution(monkeypatch):
 
 
 def test_host_buffers_go_to_mpi_unchanged_without_synchronising():
-    calls = []
-    transport = Transport("host", synchronize=lambda: calls.append(1))
+    gpu = FakeGPU()
+    transport = Transport("host", streams=gpu)
     a = np.ones(3, dtype=np.float32)
-    assert transport.to_mpi(a) is a and not calls
+    assert transport.to_mpi(a) is a
+    assert gpu.compute.done and gpu.copy.done and not gpu.log   # no event recorded, no copy queued
 
 
 def test_format_bytes():
