@@ -1,6 +1,7 @@
 """``ssdmpi train --print-config`` says, for each algorithm setting left unset, what the chosen
 ``--algo`` makes of it (its default, or that this run does not use it), refuses what the run
-refuses; ``ssdmpi train --help`` lists the dataset names of the data registry."""
+refuses; ``ssdmpi train --help`` lists the dataset names of the data registry and, like train.py's
+docstring, every file of a run directory."""
 
 import argparse
 import re
@@ -105,3 +106,12 @@ def test_building_the_cli_parser_imports_no_numpy():
     code = "import sys; from ssdmpi.cli import build_parser; build_parser(); print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", (out.stdout, out.stderr)
+
+
+def test_the_run_directory_listing_names_the_loggers_files():
+    """train.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
+    from ssdmpi import loggers, train
+
+    for text in (train.__doc__, train.EPILOG):
+        assert all(name in text for name in loggers.CSV_FILES.values()), text
+        assert f"{loggers.TENSORBOARD_DIR}/" in text, text
