@@ -426,22 +426,23 @@ _FLAGS = {
         ("lr", {"type": float}, "global learning rate"),
         ("lr_schedule", {"metavar": "SPEC"},
          "constant | step:EVERY[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | poly[:POWER] (epochs)"),
-        ("lr_warmup_epochs", {"type": float, "metavar": "E"}, "linear lr warm-up"),
+        ("lr_warmup_epochs", {"type": float, "metavar": "E"}, "epochs of linear warm-up of the global lr"),
         ("momentum", {"type": float}, "global momentum"),
         ("weight_decay", {"type": float}, "weight decay on weights and BN gamma"),
     ],
     "algorithm (docs/ALGORITHM.md)": [
         ("algo", {"choices_help": ALGOS}, "training algorithm"),
         ("delay", {"type": delay_value, "metavar": "K|auto"},
-         "steps delay k; auto: the smallest k that hides the allreduce, measured in the warm-up"),
+         "delay k, iterations between pulls of the global model (localsgd: between model averages); "
+         "auto: the smallest k that hides the allreduce, measured in the warm-up"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
          "SSGD warm-up in epochs (instead of --warmup-steps)"),
         ("comm", {"choices_help": COMMS}, "communication schedule of ssd"),
         ("local_update", {"choices_help": LOCAL_UPDATES}, "local update of the delay stage"),
-        ("local_lr", {"type": float}, "local learning rate"),
+        ("local_lr", {"type": float}, "local learning rate of --local-update glu-paper and sgd"),
         ("local_lr_schedule", {"metavar": "SPEC"}, "schedule of the local lr"),
-        ("glu_divisor", {"type": float, "metavar": "C"}, "GLU divisor C"),
+        ("glu_divisor", {"type": float, "metavar": "C"}, "divisor C of --local-update glu-paper"),
         ("period_rule", {"metavar": "RULE", "choices_help": "period_rules"}, "update rule of --comm period"),
         ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
         ("asgd_order", {"choices_help": ASGD_ORDERS},
@@ -484,7 +485,8 @@ def add_arguments(parser) -> None:
     """
     presets = {p: load_preset(p) for p in list_presets()}
     g = parser.add_argument_group("configuration")
-    g.add_argument("--config", metavar="FILE", help="YAML file of settings (keys as below, e.g. batch_size: 64)")
+    g.add_argument("--config", metavar="FILE",
+                   help="YAML file of settings (keys as below, e.g. batch_size: 64) (default: none)")
     g.add_argument("--preset", metavar="NAME",
                    help=f"named preset: {', '.join(presets) or 'default'} (default: default)")
     g.add_argument("--print-config", action="store_true",
@@ -508,7 +510,7 @@ def add_arguments(parser) -> None:
         if title == "run directory, checkpoints, logging":
             g.add_argument("--resume", metavar="auto|PATH",
                            help="auto: newest valid checkpoint of --run-dir (fresh start if none); "
-                                "PATH: a checkpoint file or a run directory")
+                                "PATH: a checkpoint file or a run directory (default: a fresh run)")
             g.add_argument("--no-progress-bar", dest="progress_bar", action="store_const", const=False,
                            default=None,
                            help="plain periodic lines instead of a progress bar (default: a bar on a terminal)")

@@ -1,4 +1,4 @@
-"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD or local SGD.
+"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD.
 
 Reads top to bottom like nanoGPT's train.py: ``run`` resolves the configuration
 (``ssdmpi/run_setup.py``), sets up (backend, communicator, data, model, algorithm, resume)

@@ -115,3 +115,15 @@ def test_the_run_directory_listing_names_the_loggers_files():
     for text in (train.__doc__, train.EPILOG):
         assert all(name in text for name in loggers.CSV_FILES.values()), text
         assert f"{loggers.TENSORBOARD_DIR}/" in text, text
+
+
+def test_every_train_flag_states_its_default():
+    """``ssdmpi train --help``: each flag but the switches that only act (--help, --print-config)
+    says what a run without it gets."""
+    from ssdmpi.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    for action in train._actions:
+        if action.dest in ("help", "print_config"):
+            continue
+        assert action.help and "default: " in action.help, (action.option_strings, action.help)
