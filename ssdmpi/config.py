@@ -43,6 +43,7 @@ from ssdmpi.algos.config import (
 from ssdmpi.comm.progress import DEFAULTS as PROGRESS_DEFAULTS
 from ssdmpi.comm.progress import PROGRESS
 from ssdmpi.comm.transport import TRANSPORTS
+from ssdmpi.data.names import DATASETS
 from ssdmpi.errors import UserError
 from ssdmpi.optim.local import LOCAL_UPDATES
 from ssdmpi.parsing import parse_list, parse_size
@@ -328,15 +329,64 @@ def default_help(name: str, presets: dict | None = None) -> str:
 
 
 
+# Where each algorithm setting means something: --print-config's comment on one that does not.
+_APPLIES_TO = {
+    "delay": "--algo ssd, odsgd or localsgd",
+    "comm": "--algo ssd",
+    "period_rule": "--algo ssd --comm period",
+    "local_update": "--comm step or --period-rule replay",
+    "local_lr": "--local-update glu-paper or sgd",
+    "local_lr_schedule": "--local-update glu-paper or sgd",
+    "glu_divisor": "--local-update glu-paper",
+    "servers": "--algo asgd",
+    "asgd_order": "--algo asgd",
+}
+
+
+def _algo_values(cfg: TrainConfig) -> dict:
+    """``AlgoConfig`` keywords of ``cfg``'s algorithm settings, to check which apply without the
+    data (``delay auto`` and a local schedule stand in as a valid k and schedule)."""
+    return dict(algo=cfg.algo, delay=1 if cfg.delay == "auto" else cfg.delay, comm=cfg.comm,
+                period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
+                local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
+                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
+
+
+def _algorithm_comments(cfg: TrainConfig) -> dict:
+    """``{setting: comment}`` for the algorithm settings ``cfg`` leaves unset: the value its
+    ``--algo`` resolves them to, or that this run does not use them (``_APPLIES_TO``)."""
+    values = _algo_values(cfg)
+    try:
+        try:
+            resolved = AlgoConfig(**values).validate(None)
+        except ValueError:       # the default local lr needs the world size; any stand-in will do here
+            resolved = AlgoConfig(**dict(values, local_lr=cfg.lr)).validate(None)
+    except UserError:
+        return {}
+    out = {}
+    for key, where in _APPLIES_TO.items():
+        value = getattr(resolved, key)
+        shown = f"{value:g} for --algo {cfg.algo}" if isinstance(value, float) else f"{value} for --algo {cfg.algo}"
+        if key in ("local_lr", "local_lr_schedule"):
+            value = shown = _algorithm_defaults()[key] if resolved.local_update in ("glu-paper", "sgd") else None
+        if getattr(cfg, key) is None:
+            out[key] = f"not used by this run (only with {where})" if value is None else f"default: {shown}"
+    if cfg.warmup_steps is None and cfg.warmup_epochs is not None:
+        out["warmup_steps"] = "unset, --warmup-epochs decides"
+    return out
+
+
 def annotated_yaml(cfg: TrainConfig) -> str:
     """``cfg.to_yaml()`` with a comment after each setting left unset (``null``) saying what a
-    run gets instead (``default_help``). Valid as a ``--config`` file."""
+    run gets instead (``default_help``; for the algorithm's settings, what ``--algo`` resolves
+    them to, or that they do not apply to it). Valid as a ``--config`` file."""
     presets = {p: load_preset(p) for p in list_presets()}
     lines = ["# ssdmpi train: resolved settings (defaults < preset < --config file < flags)"]
+    comments = _algorithm_comments(cfg)
     for line in cfg.to_yaml().splitlines():
         key, sep, value = line.partition(": ")
         if sep and value == "null" and key in FIELD_NAMES:
-            text = ("default: the model's own" if key == "widths"
+            text = ("default: the model's own" if key == "widths" else comments[key] if key in comments
                     else default_help(key, presets).split("; set by preset")[0].split("; preset ")[0])
             line += f"   # {text}"
         lines.append(line)
@@ -361,7 +411,7 @@ def delay_value(text: str):
 # (field, flag keywords, what it is). Help adds the choices and "(default: ...)".
 _FLAGS = {
     "data and model": [
-        ("dataset", {}, "dataset name"),
+        ("dataset", {"choices_help": DATASETS}, "dataset: {choices} (see ssdmpi data list)"),
         ("data_path", {"metavar": "PATH"}, "where the dataset's files are"),
         ("augment", {}, "augmentation: none, flip, crop4 or crop4,flip"),
         ("model", {}, "model: mlp, wide-mlp, lenet5, resnet20 (ssdmpi.nn.MODELS), or package.module:factory "
@@ -376,22 +426,23 @@ _FLAGS = {
         ("lr", {"type": float}, "global learning rate"),
         ("lr_schedule", {"metavar": "SPEC"},
          "constant | step:EVERY[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | poly[:POWER] (epochs)"),
-        ("lr_warmup_epochs", {"type": float, "metavar": "E"}, "linear lr warm-up"),
+        ("lr_warmup_epochs", {"type": float, "metavar": "E"}, "epochs of linear warm-up of the global lr"),
         ("momentum", {"type": float}, "global momentum"),
         ("weight_decay", {"type": float}, "weight decay on weights and BN gamma"),
     ],
     "algorithm (docs/ALGORITHM.md)": [
         ("algo", {"choices_help": ALGOS}, "training algorithm"),
         ("delay", {"type": delay_value, "metavar": "K|auto"},
-         "steps delay k; auto: the smallest k that hides the allreduce, measured in the warm-up"),
+         "delay k, iterations between pulls of the global model (localsgd: between model averages); "
+         "auto: the smallest k that hides the allreduce, measured in the warm-up"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
          "SSGD warm-up in epochs (instead of --warmup-steps)"),
         ("comm", {"choices_help": COMMS}, "communication schedule of ssd"),
         ("local_update", {"choices_help": LOCAL_UPDATES}, "local update of the delay stage"),
-        ("local_lr", {"type": float}, "local learning rate"),
+        ("local_lr", {"type": float}, "local learning rate of --local-update glu-paper and sgd"),
         ("local_lr_schedule", {"metavar": "SPEC"}, "schedule of the local lr"),
-        ("glu_divisor", {"type": float, "metavar": "C"}, "GLU divisor C"),
+        ("glu_divisor", {"type": float, "metavar": "C"}, "divisor C of --local-update glu-paper"),
         ("period_rule", {"metavar": "RULE", "choices_help": "period_rules"}, "update rule of --comm period"),
         ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
         ("asgd_order", {"choices_help": ASGD_ORDERS},
@@ -434,7 +485,8 @@ def add_arguments(parser) -> None:
     """
     presets = {p: load_preset(p) for p in list_presets()}
     g = parser.add_argument_group("configuration")
-    g.add_argument("--config", metavar="FILE", help="YAML file of settings (keys as below, e.g. batch_size: 64)")
+    g.add_argument("--config", metavar="FILE",
+                   help="YAML file of settings (keys as below, e.g. batch_size: 64) (default: none)")
     g.add_argument("--preset", metavar="NAME",
                    help=f"named preset: {', '.join(presets) or 'default'} (default: default)")
     g.add_argument("--print-config", action="store_true",
@@ -458,7 +510,7 @@ def add_arguments(parser) -> None:
         if title == "run directory, checkpoints, logging":
             g.add_argument("--resume", metavar="auto|PATH",
                            help="auto: newest valid checkpoint of --run-dir (fresh start if none); "
-                                "PATH: a checkpoint file or a run directory")
+                                "PATH: a checkpoint file or a run directory (default: a fresh run)")
             g.add_argument("--no-progress-bar", dest="progress_bar", action="store_const", const=False,
                            default=None,
                            help="plain periodic lines instead of a progress bar (default: a bar on a terminal)")
@@ -683,12 +735,10 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
 def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
     """A copy of ``cfg`` without the preset's algorithm settings (``soft``) that do not apply to
     its ``--algo``, dropped as ``algo_config`` drops them, but checked without the data (what
-    ``--print-config`` shows, so that its output fed back with ``--config`` still runs)."""
+    ``--print-config`` shows, so that its output fed back with ``--config`` still runs). The
+    user's own settings that do not apply raise the ``UserError`` the run would raise."""
     out = dataclasses.replace(cfg)
-    values = dict(algo=cfg.algo, delay=1 if cfg.delay == "auto" else cfg.delay, comm=cfg.comm,
-                  period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
-                  local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
-                  glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
+    values = _algo_values(cfg)
     for key in [None] + [k for k in ALGO_SETTINGS if k in soft]:
         if key is not None:
             values[key] = None
@@ -700,7 +750,8 @@ def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
             return out
         except UserError:        # something does not apply: drop the next preset setting
             continue
-    return cfg     # the user's own settings are wrong: the run will say so
+    AlgoConfig(**values).validate(None)   # the user's own settings do not apply: the run's UserError
+    return out
 
 
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD or local SGD.
+"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD.
 
 Reads top to bottom like nanoGPT's train.py: ``run`` resolves the configuration
 (``ssdmpi/run_setup.py``), sets up (backend, communicator, data, model, algorithm, resume)
@@ -13,6 +13,8 @@ Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``)::
     metrics.jsonl    one JSON object per logged step and per evaluation (ssdmpi/metrics.py)
     checkpoints/     ckpt-<step>.h5, the newest --keep-checkpoints of them (ssdmpi/checkpoint/)
     summary.txt      the human summary, also printed at the end; summary.json for scripts
+    steps.csv        with --csv: the step records of metrics.jsonl as a table; evals.csv the eval records
+    tensorboard/     with --tensorboard: TensorBoard event files (tensorboard --logdir RUN; ssdmpi/loggers.py)
 
 When things happen (``t`` = iterations done, ``E`` = steps per epoch):
 
@@ -53,7 +55,8 @@ from ssdmpi.report import Reporter
 
 EPILOG = """\
 settings: dataclass defaults < --preset (default: default) < --config FILE < flags.
-run directory: config.yaml, metrics.jsonl, checkpoints/ckpt-<step>.h5, summary.txt/.json.
+run directory: config.yaml, metrics.jsonl, checkpoints/ckpt-<step>.h5, summary.txt/.json,
+  steps.csv/evals.csv (--csv), tensorboard/ (--tensorboard).
 exit codes: 0 done; 2 bad input; 3 diverged (last good checkpoint kept);
   85 checkpointed on SIGUSR1/SIGTERM or --stop-at-step, requeue me (--resume auto);
   130 checkpointed after Ctrl-C; 1 anything else (the whole job is aborted)."""

@@ -21,8 +21,8 @@ import importlib
 
 _EXPORTS = {
     "Dataset": "ssdmpi.data.datasets",
-    "DATASETS": "ssdmpi.data.datasets",
-    "DEFAULT_DATASET": "ssdmpi.data.datasets",
+    "DATASETS": "ssdmpi.data.names",
+    "DEFAULT_DATASET": "ssdmpi.data.names",
     "clear_cache": "ssdmpi.data.datasets",
     "RawSplits": "ssdmpi.data.datasets",
     "load_dataset": "ssdmpi.data.datasets",

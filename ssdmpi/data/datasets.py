@@ -50,10 +50,9 @@ import os
 
 import numpy as np
 
+from ssdmpi.data.names import DATASETS
 from ssdmpi.errors import UserError
 
-DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "hdf5", "synthetic")
-DEFAULT_DATASET = "digits"
 _ALIASES = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10",
             "cifar_10": "cifar10", "h5": "hdf5"}
 

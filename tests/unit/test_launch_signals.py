@@ -5,7 +5,6 @@ SIGTERM by killing the ranks, so the templates forward SIGUSR1 (README.md, "Open
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -47,15 +46,23 @@ def rank_pids(tag: str, timeout: float = 60) -> dict:
     raise AssertionError("could not find the ranks' processes")
 
 
+# ``python -m ssdmpi ARGS`` that appends "RANK CODE" to the file argv[1] as it returns CODE. The
+# rank writes it itself, before MPI_Finalize (mpi4py's, at exit): Open MPI's launcher kills the
+# other ranks as soon as one has exited non-zero, so a wrapper shell that wrote the code after
+# its rank exited could be killed first; MPI_Finalize waits for every rank to reach it.
+RECORD_EXIT_CODE = ("import os, sys; from ssdmpi.cli import main; rc = main(sys.argv[2:]); "
+                    "rank = os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK')); "
+                    "open(sys.argv[1], 'a').write(f'{rank} {rc}\\n'); sys.exit(rc)")
+
+
 def start_job(run, tag: str, per_rank_codes=None) -> subprocess.Popen:
     """``mpiexec -n 2 ssdmpi train`` (long enough to be interrupted), in its own session.
-    ``per_rank_codes``: a file each rank appends ``"RANK CODE"`` to (through a tiny shell)."""
-    args = [sys.executable, "-m", "ssdmpi", "train", "--run-dir", str(run), "--steps", "3000", "--log-every",
-            "2"] + SMALL
-    if per_rank_codes is not None:
-        inner = f"{' '.join(map(shlex.quote, args))}; rc=$?; " \
-                f"echo \"${{PMI_RANK:-$OMPI_COMM_WORLD_RANK}} $rc\" >> {shlex.quote(str(per_rank_codes))}; exit $rc"
-        args = ["sh", "-c", inner]
+    ``per_rank_codes``: a file each rank appends ``"RANK CODE"`` to (``RECORD_EXIT_CODE``)."""
+    args = ["train", "--run-dir", str(run), "--steps", "3000", "--log-every", "2"] + SMALL
+    if per_rank_codes is None:
+        args = [sys.executable, "-m", "ssdmpi"] + args
+    else:
+        args = [sys.executable, "-c", RECORD_EXIT_CODE, str(per_rank_codes)] + args
     return subprocess.Popen([mpiexec(), "-n", "2"] + args, cwd=ROOT, env=dict(os.environ, SSDMPI_TEST_TAG=tag),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 

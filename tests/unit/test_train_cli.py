@@ -2,7 +2,8 @@
 
 The in-process MPI tests (tests/mpi/test_resume.py, test_train.py) pin down exact
 resume; these check what only a real command line shows: the README's first command,
-the progress display, exit codes of every rank, one-line errors, a signal from outside.
+the progress display, exit codes of every rank, one-line errors. A signal from outside (to one
+rank, to the launcher) is tests/unit/test_launch_signals.py's, under MPICH and Open MPI alike.
 """
 
 import json
@@ -10,10 +11,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 from ssdmpi import checkpoint
-from tests.conftest import ROOT, mpiexec, run_cli
+from tests.conftest import mpiexec, run_cli
 
 SMALL = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
          "--algo", "ssd", "--delay", "3", "--warmup-steps", "10", "--eval-every", "0", "--no-progress-bar"]
@@ -177,64 +176,6 @@ def test_ckpt_inspect_and_eval(two_rank_run):
     final = json.loads((two_rank_run / "summary.json").read_text())
     assert final["test_acc"] == serial["test_acc"]
     assert_one_line_error(run_cli(["eval", "--checkpoint", "/nonexistent.h5"]), "does not exist")
-
-
-def rank_pids(launcher_pid: int, timeout: float = 60) -> dict:
-    """``{rank: pid}`` of the python processes an mpiexec started (found through /proc)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-                with open(f"/proc/{entry}/comm") as f:
-                    name = f.read().strip()
-            except OSError:
-                continue
-            if name.startswith("python") and env.get(b"SSDMPI_TEST_TAG") == str(launcher_pid).encode() \
-                    and b"PMI_RANK" in env:
-                found[int(env[b"PMI_RANK"])] = int(entry)
-        if len(found) == 2:
-            return found
-        time.sleep(0.1)
-    raise AssertionError("could not find the ranks' processes")
-
-
-@pytest.mark.timeout(300)
-def test_sigusr1_from_outside_to_one_rank_exits_85_on_every_rank(tmp_path):
-    run = tmp_path / "run"
-    codes = tmp_path / "codes"
-    args = ["train", "--run-dir", str(run), "--steps", "3000", "--log-every", "2"] + SMALL
-    # Each rank runs under a tiny shell that records its own exit code.
-    inner = f"{shlex.quote(sys.executable)} -m ssdmpi {' '.join(map(shlex.quote, args))}; " \
-            f"rc=$?; echo \"$PMI_RANK $rc\" >> {shlex.quote(str(codes))}; exit $rc"
-    tag = str(os.getpid())
-    env = dict(os.environ, SSDMPI_TEST_TAG=tag)
-    proc = subprocess.Popen([mpiexec(), "-n", "2", "sh", "-c", inner], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        pids = rank_pids(int(tag))
-        metrics = run / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and '"stage": "delay"' in metrics.read_text()):
-            assert time.monotonic() < deadline and proc.poll() is None, "never reached the delay stage"
-            time.sleep(0.05)
-        os.kill(pids[1], signal.SIGUSR1)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 85, err
-    assert sorted(codes.read_text().split("\n")[:-1]) == ["0 85", "1 85"]
-    assert "stopped at step" in out and "SIGUSR1/SIGTERM" in out and "--resume auto" in out
-    (stop,) = [json.loads(line) for line in metrics.read_text().splitlines() if '"kind": "stop"' in line]
-    assert stop["step"] < 3000 and stop["exit_code"] == 85
-    ckpt = run / "checkpoints" / f"ckpt-{stop['step']:08d}.h5"
-    with h5py.File(ckpt, "r") as f:
-        assert f.attrs["stage"] == "delay" and f.attrs["reason"] == "signal"
 
 
 def test_divergence_is_one_line_with_exit_3(two_rank_run, tmp_path):

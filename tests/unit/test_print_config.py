@@ -1,0 +1,129 @@
+"""``ssdmpi train --print-config`` says, for each algorithm setting left unset, what the chosen
+``--algo`` makes of it (its default, or that this run does not use it), refuses what the run
+refuses; ``ssdmpi train --help`` lists the dataset names of the data registry and, like train.py's
+docstring, every file of a run directory."""
+
+import argparse
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ssdmpi import config
+from ssdmpi.algos.config import ALGOS, AlgoConfig
+from ssdmpi.errors import UserError
+from ssdmpi.run_setup import print_config
+from tests.conftest import ROOT, run_cli
+
+# A valid value of each algorithm setting: giving it to an algorithm that does not use it is an error.
+SAMPLE = {"delay": 1, "comm": "step", "period_rule": "delta-own", "local_update": "global-momentum",
+          "local_lr": 0.1, "local_lr_schedule": "constant", "glu_divisor": 12.0, "servers": 1,
+          "asgd_order": "arrival"}
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def printed(capsys, *argv) -> tuple[dict, dict]:
+    """``(settings, {key: comment})`` of ``ssdmpi train --print-config ARGV``, run in process."""
+    assert print_config(parse("--print-config", *argv)) == 0
+    text = capsys.readouterr().out
+    comments = {m.group(1): m.group(2) for m in re.finditer(r"^(\w+): null +# (.*)$", text, re.M)}
+    return yaml.safe_load(text), comments
+
+
+def used_by(algo: str, key: str) -> bool:
+    """Whether the run accepts ``key`` given explicitly with ``--algo algo`` (the run's own check)."""
+    try:
+        AlgoConfig(algo=algo, **{key: SAMPLE[key]}).validate(4)
+        return True
+    except UserError:
+        return False
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_unset_algorithm_setting_says_its_default_or_that_the_algo_does_not_use_it(capsys, algo):
+    settings, comments = printed(capsys, "--algo", algo)
+    resolved = AlgoConfig(algo=algo).validate(4)
+    for key in SAMPLE:
+        assert settings[key] is None, key
+        if used_by(algo, key):
+            assert comments[key].startswith("default: "), (algo, key, comments[key])
+            value = getattr(resolved, key)
+            if value is not None and key != "local_lr":
+                shown = f"{value:g}" if isinstance(value, float) else str(value)
+                assert comments[key] == f"default: {shown} for --algo {algo}", (algo, key, comments[key])
+        else:
+            assert comments[key].startswith("not used by this run (only with --"), (algo, key, comments[key])
+
+
+def test_localsgd_comm_is_not_ssd_s_default(capsys):
+    _, comments = printed(capsys, "--algo", "localsgd")
+    assert comments["comm"] == "not used by this run (only with --algo ssd)"
+    assert comments["delay"] == "default: 5 for --algo localsgd" and comments["period_rule"].startswith("not used")
+
+
+def test_the_local_lr_applies_with_a_local_update_that_uses_one(capsys):
+    _, comments = printed(capsys, "--comm", "step", "--local-update", "glu-paper")
+    assert comments["local_lr"] == "default: world size x lr"
+    assert comments["glu_divisor"] == "default: 12 for --algo ssd"
+    assert comments["period_rule"].startswith("not used by this run")
+
+
+def test_warmup_steps_given_in_epochs_is_not_the_preset_s_step_count(capsys):
+    settings, comments = printed(capsys, "--warmup-epochs", "1.5")
+    assert settings["warmup_steps"] is None and settings["warmup_epochs"] == 1.5
+    assert comments["warmup_steps"] == "unset, --warmup-epochs decides"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--algo", "ssgd", "--delay", "3"], "--delay does not apply to --algo ssgd"),
+    (["--algo", "localsgd", "--comm", "step"], "--comm step does not apply to --algo localsgd"),
+])
+def test_print_config_refuses_the_settings_the_run_refuses(args, needle):
+    result = run_cli(["train", "--print-config"] + args)
+    assert result.returncode == 2 and result.stdout == "", (result.returncode, result.stdout)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error: ") and needle in lines[0], lines
+
+
+def test_dataset_help_lists_the_data_registry():
+    from ssdmpi.data.datasets import DATASETS  # the names load_dataset accepts
+
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    (action,) = [a for a in parser._actions if a.dest == "dataset"]
+    assert " | ".join(DATASETS) in action.help and "default: digits" in action.help
+
+
+def test_building_the_cli_parser_imports_no_numpy():
+    """``ssdmpi --help`` stays fast: the parser (which lists the dataset names) needs no NumPy."""
+    code = "import sys; from ssdmpi.cli import build_parser; build_parser(); print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", (out.stdout, out.stderr)
+
+
+def test_the_run_directory_listing_names_the_loggers_files():
+    """train.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
+    from ssdmpi import loggers, train
+
+    for text in (train.__doc__, train.EPILOG):
+        assert all(name in text for name in loggers.CSV_FILES.values()), text
+        assert f"{loggers.TENSORBOARD_DIR}/" in text, text
+
+
+def test_every_train_flag_states_its_default():
+    """``ssdmpi train --help``: each flag but the switches that only act (--help, --print-config)
+    says what a run without it gets."""
+    from ssdmpi.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    for action in train._actions:
+        if action.dest in ("help", "print_config"):
+            continue
+        assert action.help and "default: " in action.help, (action.option_strings, action.help)
