@@ -259,5 +259,11 @@ def build_model(name, input_shape, num_classes: int, **kwargs) -> Model:
     except TypeError as exc:
         raise UserError(f"model {label}: the factory must take (input_shape, num_classes, *, xp, dtype, seed, "
                         f"**options); {exc}") from None
-    model = builder(input_shape, int(num_classes), **passed)
+    try:
+        model = builder(input_shape, int(num_classes), **passed)
+    except ValueError as exc:
+        if builtin:
+            raise
+        # a user's layers that do not fit the data (the engine names the layer and the shapes)
+        raise UserError(f"model {label} does not fit inputs {input_shape}: {exc}") from None
     return check_model(model, label, input_shape, num_classes, kwargs.get("xp"), kwargs.get("dtype"))

@@ -51,6 +51,11 @@ not_callable = 3
 
 def no_arguments():
     return None
+
+
+def unflattened(input_shape, num_classes, *, xp, dtype, seed):
+    # Linear straight on (C, H, W) images: its layers do not fit the data's shape
+    return Model([Linear(input_shape[0], num_classes, name="fc")], input_shape, xp=xp, dtype=dtype, seed=seed)
 '''
 
 
@@ -104,6 +109,7 @@ def test_model_from_a_module_in_the_current_directory(tmp_path):
     ("mymodels:five_classes", "outputs (5,) per sample, but the data has 10 classes"),
     ("mymodels:", "expected package.module:factory"),
     ("mymodels:no_arguments", "the factory must take (input_shape, num_classes"),
+    ("mymodels:unflattened", "model mymodels:unflattened does not fit inputs (1, 8, 8): "),
 ])
 def test_bad_model_factories_are_one_line_errors(tmp_path, spec, needle):
     (tmp_path / "mymodels.py").write_text(MYMODELS)
