@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from ssdmpi import __version__
 from ssdmpi.comm.abort import abort_job, install_abort_hook, world_rank_size
-from ssdmpi.errors import USAGE_EXIT, UserError
+from ssdmpi.errors import BROKEN_PIPE_EXIT, USAGE_EXIT, UserError
 
 # name -> (module, one-line help). The order is the order of ``--help``.
 COMMANDS = {
@@ -88,3 +89,11 @@ def main(argv=None) -> int:
         return int(args.run(args) or 0)
     except UserError as exc:
         return report_user_error(exc)
+    except BrokenPipeError:
+        # `ssdmpi data list | head`: the reader has gone. One process ends quietly, as a shell
+        # command killed by SIGPIPE would (141); one rank of many must not stop alone (the
+        # others would wait for it), so there the abort hook ends the whole job.
+        if world_rank_size()[1] > 1:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
+        return BROKEN_PIPE_EXIT

@@ -4,6 +4,7 @@ USAGE_EXIT = 2          # bad flags, bad data, bad checkpoint: the user's to fix
 REQUEUE_EXIT = 85       # checkpointed on a signal or preemption: "requeue me"
 DIVERGED_EXIT = 3       # a non-finite loss or weights: stopped, the last good checkpoint kept
 INTERRUPT_EXIT = 130    # checkpointed after Ctrl-C (SIGINT)
+BROKEN_PIPE_EXIT = 141  # a single process whose output reader left (`ssdmpi data list | head`), as SIGPIPE
 
 
 class UserError(Exception):

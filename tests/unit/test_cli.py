@@ -79,3 +79,14 @@ def test_exception_on_one_rank_aborts_the_whole_job_naming_it(tmp_path):
     assert elapsed < 20
     assert "rank 1/2" in result.stderr
     assert "deliberate failure" in result.stderr
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """``ssdmpi data list | head -0``: the pipe's reader is gone before ssdmpi writes; one
+    process ends as a SIGPIPE'd shell command would (141), with no traceback and no abort."""
+    proc = subprocess.Popen([sys.executable, "-m", "ssdmpi", "data", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()             # before the child has imported anything, let alone printed
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, stderr
+    assert stderr == ""
