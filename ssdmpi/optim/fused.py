@@ -39,8 +39,8 @@ BLOCK_BYTES = 256 * 1024
 # NumPy loop of the same name below. In-place buffers are out params (read, then written).
 KERNELS = {
     "ssdmpi_momentum_sgd": (
-        "T G, T decay, T lr, T mu", "T W, T M",
-        "T t = W * decay; t = t + G; t = t * lr; T m = M * mu; m = m - t; M = m; W = W + m;"),
+        "T decay, T lr, T mu, T n", "T W, T M, T G",
+        "T g = G / n; G = g; T t = W * decay; t = t + g; t = t * lr; T m = M * mu; m = m - t; M = m; W = W + m;"),
     "ssdmpi_global_momentum_local": (
         "T g, T M, T decay, T lr, T mu", "T L",
         "T a = L * decay; a = a + g; a = a * lr; T b = M * mu; T l = L + b; L = l - a;"),
@@ -55,6 +55,12 @@ KERNELS = {
     "ssdmpi_delta_own_step": (
         "T g, T mask, T c, T mu, T eta", "T U, T L",
         "T t = L * mask; t = t * c; T u = U * mu; u = u - t; t = g * eta; u = u - t; U = u; L = L + u;"),
+    "ssdmpi_add_divided": (
+        "T n", "T W, T R",
+        "T r = R / n; R = r; W = W + r;"),
+    "ssdmpi_divide_copy": (
+        "T n", "T L, T W",
+        "T l = L / n; L = l; W = l;"),
     "ssdmpi_delta_own_boundary": (
         "T W, int32 changed", "T L, T S, T D",
         "T d = L - S; D = d; if (changed) L = W + d; S = L;"),
@@ -114,17 +120,24 @@ class Plan:
         return tuple(self.dtype.type(v) for v in values)
 
 
-def momentum_sgd(plan: Plan, W, M, G, lr: float, mu: float) -> None:
-    """``t = (W*decay + G)*lr; M = M*mu - t; W = W + M`` (``decay = plan.consts[0]``)."""
+def momentum_sgd(plan: Plan, W, M, G, lr: float, mu: float, n=None) -> None:
+    """``t = (W*decay + G)*lr; M = M*mu - t; W = W + M`` (``decay = plan.consts[0]``).
+
+    ``n`` (a rank count; None or 1: none): first ``G = G/n`` in place, block by block as ``G``
+    is read -- the division of a mean allreduce folded into its consumer, the same bits as dividing
+    the whole buffer first (one IEEE division per element either way), without that pass."""
     plan.check(W, M, G)
     if plan.device:
-        plan.kernel("ssdmpi_momentum_sgd")(G, plan.consts[0], *plan.scalars(lr, mu), W, M)
+        plan.kernel("ssdmpi_momentum_sgd")(plan.consts[0], *plan.scalars(lr, mu, n or 1), W, M, G)
         return
-    mul, add, sub = np.multiply, np.add, np.subtract
+    mul, add, sub, div = np.multiply, np.add, np.subtract, np.divide
+    fold = n is not None and n != 1
     for sl, (d,), (t, *_) in plan.blocks:
-        w, m = W[sl], M[sl]
+        w, m, g = W[sl], M[sl], G[sl]
+        if fold:
+            div(g, n, g)
         mul(w, d, t)
-        add(t, G[sl], t)
+        add(t, g, t)
         mul(t, lr, t)
         mul(m, mu, m)
         sub(m, t, m)
@@ -211,6 +224,30 @@ def delta_own_step(plan: Plan, U, L, g, c: float, mu: float, eta: float) -> None
         mul(g[sl], eta, t)
         sub(u, t, u)
         add(x, u, x)
+
+
+def add_divided(plan: Plan, W, R, n: int) -> None:
+    """``R = R/n; W = W + R`` in one pass (a summed allreduce's mean added to ``W``)."""
+    plan.check(W, R)
+    if plan.device:
+        plan.kernel("ssdmpi_add_divided")(*plan.scalars(n), W, R)
+        return
+    for sl, _, _ in plan.blocks:
+        r = R[sl]
+        np.divide(r, n, r)
+        np.add(W[sl], r, W[sl])
+
+
+def divide_copy(plan: Plan, L, W, n: int) -> None:
+    """``L = L/n; W = L`` in one pass (a summed allreduce of ``L`` made the mean, and copied)."""
+    plan.check(L, W)
+    if plan.device:
+        plan.kernel("ssdmpi_divide_copy")(*plan.scalars(n), L, W)
+        return
+    for sl, _, _ in plan.blocks:
+        x = L[sl]
+        np.divide(x, n, x)
+        W[sl] = x
 
 
 def delta_own_boundary(plan: Plan, W, L, S, D, changed: bool) -> None:
