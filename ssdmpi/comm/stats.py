@@ -69,8 +69,8 @@ class CommStats:
         if self.inflight_s > 0:
             overlap = min(1.0, max(0.0, 1.0 - self.wait_s / self.inflight_s))
         return {"allreduce_count": self.allreduce_count, "bytes_sent": self.bytes_sent,
-                "inflight_s": self.inflight_s, "wait_s": self.wait_s, "progress_s": self.progress_s, "compute_s": self.compute_s,
-                "overlap": overlap, "interval_s": time.perf_counter() - self._since}
+                "inflight_s": self.inflight_s, "wait_s": self.wait_s, "progress_s": self.progress_s,
+                "compute_s": self.compute_s, "overlap": overlap, "interval_s": time.perf_counter() - self._since}
 
     def snapshot_and_reset(self) -> dict:
         """``snapshot()``, then ``reset()``."""

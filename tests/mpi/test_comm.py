@@ -166,7 +166,7 @@ def test_stats_count_bytes_and_reset(make_comm):
     for _ in range(3):
         c.allreduce_start(np.ones(2500, dtype=np.float32)).wait()
     snap = c.stats.snapshot_and_reset()
-    assert set(snap) == {"allreduce_count", "bytes_sent", "inflight_s", "wait_s", "compute_s", "overlap",
+    assert set(snap) == {"allreduce_count", "bytes_sent", "inflight_s", "wait_s", "progress_s", "compute_s", "overlap",
                          "interval_s"}
     assert snap["allreduce_count"] == 3 and snap["bytes_sent"] == 3 * 10_000
     assert 0.0 <= snap["overlap"] <= 1.0 and snap["inflight_s"] > 0 and snap["wait_s"] > 0
