@@ -28,10 +28,12 @@ class Algorithm:
 
     def __init__(self, config, model, communicator):
         self.config, self.model, self.comm = config, model, communicator
+        self.poll = None
         if getattr(communicator, "strategy", None) == "test":
             # The `test` progress strategy moves an allreduce only inside MPI calls made by
-            # this thread: poke it between layers so it overlaps the compute.
-            model.between_layers = communicator.progress
+            # this thread: poke it between layers, and every few MB of the fused update
+            # passes (``fused.POLL_BLOCKS``), so it overlaps the compute.
+            model.between_layers = self.poll = communicator.progress
         self.N = int(communicator.size)
         self.k = config.delay
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
@@ -39,6 +41,7 @@ class Algorithm:
         self.mask = model.flat.decay_mask()
         self.schedule = config.global_schedule()
         self.global_sgd = MomentumSGD(config.momentum, config.weight_decay, self.mask)
+        self.global_sgd._plan.poll = self.poll
         self.W = model.params
         self.M = self.xp.zeros_like(model.params)
         self.L = None

@@ -25,6 +25,7 @@ class LocalSGD(Algorithm):
 
         self.V = self.M.copy()
         self._fused, self._plan = fused, fused.Plan((self.mask,), scratch=0)
+        self._plan.poll = self.poll
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w

@@ -183,6 +183,7 @@ class DeltaOwn(PeriodRule):
         self.U = a.M.copy()
         self.S = a.L.copy()
         self._fused, self._plan = fused, fused.Plan((a.mask,), scratch=1)
+        self._plan.poll = a.poll
 
     def step(self, g, m: int) -> None:
         a = self.a

@@ -27,6 +27,7 @@ class _SSDBase(Algorithm):
         self.local = make_local_update(c.local_update, M=self.M, world_size=self.N, delay=self.k,
                                        momentum=c.momentum, weight_decay=c.weight_decay,
                                        glu_divisor=c.glu_divisor, decay_mask=self.mask)
+        self.local._plan.poll = self.poll
         self.local.begin(self.L)
 
     def _local_lr(self, t: int) -> float:

@@ -286,3 +286,20 @@ def test_real_gpu_kernels_equal_numpy_bitwise():
                 ref, dev = run(kind, n, dtype, mask, dev=cupy.asarray)
             for a, b in zip(ref, dev):
                 assert same_bits(a, b), f"{kind} {np.dtype(dtype).name}: GPU kernel differs from NumPy"
+
+
+def test_a_plans_poll_is_called_every_poll_blocks_and_changes_no_bits():
+    """``--progress test`` drives an allreduce in flight from inside the update passes."""
+    n = SMALL // 4 * (3 * fused.POLL_BLOCKS + 5)           # 53 blocks of 16 float32
+    mask = layer_mask(n, np.float32, np.random.default_rng(8))
+    W, M, G = data(np.random.default_rng(9), n, np.float32, 3)
+    ref = [x.copy() for x in (W, M, G)]
+    calls = []
+    plan = fused.Plan((mask * LAM,), 1, SMALL)
+    plan.poll = lambda: calls.append(1)
+    with np.errstate(all="ignore"):
+        fused.momentum_sgd(plan, W, M, G, LR, MU, 2)
+        np.divide(ref[2], 2, out=ref[2])
+        old.unfused_momentum_sgd(ref[0], ref[1], ref[2], mask * LAM, LR, MU, np.empty(n, np.float32))
+    assert len(plan.blocks) == 3 * fused.POLL_BLOCKS + 5 and len(calls) == 3
+    assert all(same_bits(a, b) for a, b in zip((W, M, G), ref))
