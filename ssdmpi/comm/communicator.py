@@ -44,10 +44,13 @@ Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` tou
 Results are bitwise identical on every rank: MPI's builtin SUM gives every rank the same
 bytes (each element is reduced once, or by commutative pairs, and then distributed), buckets
 are fixed slices of the same vector on every rank, and the mean is one IEEE division by
-``size`` applied identically everywhere. (Checked at 1, 2 and 4 ranks by
-``tests/mpi/test_comm.py``.) Callers that can fold ``1/size`` into their own update should use
-``average=False``: the division is a full extra pass over the buffer (on a 2-rank shared
-memory allreduce of 64 MB it costs about a third of the allreduce time).
+``size`` applied identically everywhere (a multiplication by ``1/size`` when ``size`` is a power
+of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) A blocking
+mean of a host buffer is reduced in pieces of ``MEAN_PIECE_BYTES``, each divided while in cache;
+at 3 or more ranks MPI may sum a piece in another order than the whole buffer (its algorithm
+depends on the message size), so a mean and a sum of the same buffers can differ in the last bit
+there. Callers that can fold ``1/size`` into their own update should still use ``average=False``
+(the trainer's algorithms do): then there is no division pass at all.
 
 GPU buffers: see ``ssdmpi/comm/transport.py`` (the producing stream is synchronised in
 ``allreduce_start``/``broadcast``; ``host`` stages through pinned memory). Progress strategies
@@ -70,6 +73,27 @@ from ssdmpi.errors import UserError
 
 _clock = time.perf_counter
 TREE_TAG = 7301   # point-to-point tag of state trees on the control communicator
+
+
+# A blocking mean allreduce of a host buffer runs in pieces of this size, each divided right after
+# it is reduced, while it is in cache (``bench comm``'s mean/raw; BENCHMARKS.md, speed section).
+MEAN_PIECE_BYTES = 1 << 20
+
+
+def _pieces(flat, nbytes: int) -> list:
+    """``flat`` as consecutive slices of about ``nbytes`` (the whole of it when smaller)."""
+    step = max(1, nbytes // flat.itemsize)
+    return [flat] if flat.size <= step else [flat[i:i + step] for i in range(0, flat.size, step)]
+
+
+def _divide(buf, n: int) -> None:
+    """``buf /= n`` in place. For a power of two this is a multiplication by ``1/n``, which is
+    exact and rounds like the division in every case (both are the correctly rounded
+    ``x * 2**-k``), and several times cheaper than a division."""
+    if n & (n - 1) == 0:
+        buf *= 1.0 / n
+    else:
+        buf /= n
 
 
 def format_bytes(n: int) -> str:
@@ -471,9 +495,14 @@ class Communicator:
     def _reduce_buckets(self, handle, divide_here: bool) -> None:
         op, in_place, allreduce = self._MPI.SUM, self._MPI.IN_PLACE, self._comm.Allreduce
         for b in handle._buckets:
-            allreduce(in_place, b, op=op)
-            if divide_here:
-                b /= handle._divisor
+            if not divide_here:
+                allreduce(in_place, b, op=op)
+                continue
+            # A mean: reduce in cache-sized pieces and scale each while it is still in cache, so
+            # the division is no second pass over memory ("mean" costs what "sum" costs).
+            for part in _pieces(b, MEAN_PIECE_BYTES):
+                allreduce(in_place, part, op=op)
+                _divide(part, handle._divisor)
         handle._divided = divide_here
 
     def _thread_job(self, handle, divide_here: bool) -> None:
@@ -512,7 +541,7 @@ class Communicator:
                 from handle._error
         self.transport.from_mpi(handle.buf, handle._work)
         if handle._divisor is not None and not handle._divided:
-            handle.buf /= handle._divisor
+            _divide(handle.buf, handle._divisor)
         t_end = _clock()
         exposed = (handle._t_returned - handle._t_posted) + (t_end - t_wait)
         self.stats.record(handle.nbytes, handle._t_complete - handle._t_posted, exposed,

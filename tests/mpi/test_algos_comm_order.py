@@ -113,7 +113,8 @@ def test_localsgd_averages_blocking_every_k(recorded):
 def test_the_division_by_n_is_folded_into_the_consumer(recorded, algo, comm):
     """Every allreduce of a training step is a plain sum (``average=False``): the global update,
     delta-own's ``W`` update and localsgd's average divide by N as they read it (no extra pass)."""
-    cfg = AlgoConfig(algo=algo, warmup_steps=2, delay=2, lr=0.05, **({"comm": comm} if comm else {}))
+    extra = {} if algo == "ssgd" else {"warmup_steps": 2, "delay": 2, **({"comm": comm} if comm else {})}
+    cfg = AlgoConfig(algo=algo, lr=0.05, **extra)
     _, algo_obj = run(cfg, recorded, 8)
     algo_obj.drain()
     assert recorded.averages and not any(recorded.averages)

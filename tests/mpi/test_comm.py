@@ -76,6 +76,23 @@ def test_blocking_calls_match_the_nonblocking_ones(make_comm):
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_blocking_mean_reduced_in_pieces_is_the_mean_everywhere(make_comm, comm):
+    """Blocking means of host buffers are reduced and divided piece by piece (MEAN_PIECE_BYTES):
+    the result is the mean, the same bytes on every rank, and at <= 2 ranks (where MPI's sum of
+    an element does not depend on the message size) the bits of the sum divided afterwards."""
+    from ssdmpi.comm.communicator import MEAN_PIECE_BYTES
+
+    n = 3 * MEAN_PIECE_BYTES // 4 + 1001
+    c = make_comm()
+    a, b = rank_data(c.rank, n), rank_data(c.rank, n)
+    c.allreduce_mean(a)
+    np.testing.assert_allclose(a, reference_mean(c.size, n), rtol=1e-5, atol=1e-6)
+    assert same_bytes_everywhere(comm, a)
+    c.allreduce(b, average=False)
+    if c.size <= 2:
+        np.testing.assert_array_equal(a, b / c.size)
+
+
 def test_a_started_request_can_be_waited_after_other_work(make_comm):
     c = make_comm(bucket_bytes=8192)
     first, second = rank_data(c.rank, 30_000), rank_data(c.rank, 777)
