@@ -29,7 +29,7 @@ class Algorithm:
     def __init__(self, config, model, communicator):
         self.config, self.model, self.comm = config, model, communicator
         self.poll = None
-        if getattr(communicator, "strategy", None) == "test":
+        if getattr(communicator, "strategy", None) in ("test", "poll"):
             # The `test` progress strategy moves an allreduce only inside MPI calls made by
             # this thread: poke it between layers, and every few MB of the fused update
             # passes (``fused.POLL_BLOCKS``), so it overlaps the compute.

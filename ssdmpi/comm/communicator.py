@@ -61,11 +61,12 @@ and their measured defaults: ``ssdmpi/comm/progress.py``. Stall watchdog:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
 
 from ssdmpi.comm.agreement import first_error, signature_mismatch
-from ssdmpi.comm.progress import PROGRESS, CommThread, default_progress
+from ssdmpi.comm.progress import PROGRESS, CommThread, Poller, default_progress
 from ssdmpi.comm.stats import CommStats
 from ssdmpi.comm.transport import Transport
 from ssdmpi.comm.trees import recv_tree, send_tree
@@ -172,7 +173,7 @@ class P2PHandle:
 class Communicator:
     """Gradient/weight traffic and control traffic on separate private duplicates.
 
-    Args (see the module contract): ``progress``: ``auto|test|thread|blocking``;
+    Args (see the module contract): ``progress``: ``auto|test|poll|thread|blocking``;
     ``transport``: ``auto|cuda-aware|host`` (device buffers only); ``bucket_bytes``: None
     for one fused request, else the size of each fixed slice; ``stall_timeout``: seconds,
     None or 0 disables the watchdog; ``synchronize``: the hook that waits for the stream
@@ -189,8 +190,8 @@ class Communicator:
         if progress not in PROGRESS:
             raise UserError(f"unknown progress strategy {progress!r}; choose one of {', '.join(PROGRESS)}")
         strategy = default_progress(backend.device()) if progress == "auto" else progress
-        if strategy == "thread" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            raise UserError("--progress thread needs MPI_THREAD_MULTIPLE, which this MPI library did not grant; "
+        if strategy in ("thread", "poll") and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise UserError(f"--progress {strategy} needs MPI_THREAD_MULTIPLE, which this MPI library did not grant; "
                             "use --progress test or blocking")
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise UserError(f"bucket size must be a positive number of bytes, got {bucket_bytes!r}")
@@ -202,6 +203,7 @@ class Communicator:
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self.strategy = strategy
+        self._requests_progress = strategy in ("test", "poll")   # nonblocking requests the caller drives
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         self.stall_timeout = stall_timeout
         self.stats = CommStats()
@@ -215,6 +217,9 @@ class Communicator:
             self._spare = watch_comm
         self._thread = CommThread() if strategy == "thread" else None
         self._pending: list = []     # handles not yet finalised, in posting order
+        # ``poll``: the poller thread's status checks and this thread's request calls take turns.
+        self._lock = threading.Lock() if strategy == "poll" else contextlib.nullcontext()
+        self._poller = Poller(self._lock, self._pending) if strategy == "poll" else None
         self._seq = 0
         self._p2p_seq = 0            # point-to-point operations posted (named, not collective)
         atexit.register(self._stop_threads)
@@ -244,8 +249,8 @@ class Communicator:
         return buf
 
     def progress(self) -> None:
-        """Move outstanding requests along (``test`` strategy; a no-op otherwise). Cheap."""
-        if self.strategy == "test" and self._pending:
+        """Move outstanding requests along (``test`` and ``poll``; a no-op otherwise). Cheap."""
+        if self._requests_progress and self._pending:
             start = _clock()
             for handle in self._pending:
                 if not handle.test():
@@ -431,6 +436,9 @@ class Communicator:
         if self._thread is not None:
             self._thread.stop()
             self._thread = None
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
@@ -482,13 +490,17 @@ class Communicator:
         if strategy == "blocking":
             self._watched(handle, seq, self._reduce_buckets, handle, divide_here)
             handle._t_complete = _clock()
-        elif strategy == "test":
+        elif strategy in ("test", "poll"):
             op, in_place = self._MPI.SUM, self._MPI.IN_PLACE
-            handle._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in buckets]
+            with self._lock:
+                handle._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in buckets]
         else:
             handle._event = threading.Event()
             self._thread.submit(lambda: self._thread_job(handle, divide_here))
-        self._pending.append(handle)
+        with self._lock:
+            self._pending.append(handle)
+        if self._poller is not None and handle._requests is not None:
+            self._poller.kick()
         handle._t_returned = _clock()
         return handle
 
@@ -517,7 +529,9 @@ class Communicator:
 
     def _test(self, handle) -> bool:
         if handle._requests is not None:
-            if not self._MPI.Request.Testall(handle._requests):
+            with self._lock:
+                done = self._MPI.Request.Testall(handle._requests)
+            if not done:
                 return False
             handle._t_complete = _clock()
             return True
@@ -530,11 +544,13 @@ class Communicator:
         t_wait = _clock()
         if handle._t_complete is None or handle._event is not None:
             if handle._requests is not None:
-                self._watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)
+                with self._lock:
+                    self._watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)
                 handle._t_complete = _clock()
             elif handle._event is not None and not handle._event.is_set():
                 self._watched(handle, handle.seq, handle._event.wait)
-        self._pending.remove(handle)
+        with self._lock:
+            self._pending.remove(handle)
         handle._final = True
         if handle._error is not None:
             raise RuntimeError(f"{handle.what} failed on the communication thread: {handle._error}") \
