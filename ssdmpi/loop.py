@@ -11,10 +11,14 @@ import time
 from typing import TYPE_CHECKING
 
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT
+from ssdmpi.phases import BREAKDOWN, breakdown, clock
 
 if TYPE_CHECKING:
     from ssdmpi.report import Reporter
     from ssdmpi.train import Job, Stop
+
+# Per-step means summed (weighted by steps) into ``state.totals`` for the run summary.
+PER_STEP_TOTALS = ("step_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", *BREAKDOWN)
 
 
 def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
@@ -35,9 +39,11 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
             if loader is None:              # an asgd server: it serves the workers' pushes, no loss
                 algo.step(None, None)
             else:
+                t_data = clock()
                 xb, yb = loader.next_batch()
                 if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
                     xb = xb.astype(model.dtype)
+                interval.data_s += clock() - t_data
                 interval.add(algo.step(backend.to_device(xb), backend.to_device(yb)))
             state.step += 1
             out.progress.advance(state.step)
@@ -59,7 +65,7 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
                 return code, reason
             if due.evaluate:
                 state.last_eval = evaluate_now(job, out)
-            interval.reset()   # after the checkpoint and evaluation: their time is not step time
+            interval.restart(comm, algo)   # after the checkpoint and evaluation: their time is not step time
     return 0, None
 
 
@@ -107,6 +113,15 @@ class Interval:
 
     def reset(self) -> None:
         self.steps, self.loss, self.bad, self.t0 = 0, 0.0, 0, time.monotonic()
+        self.data_s = 0.0   # the step breakdown's data phase (ssdmpi/phases.py)
+
+    def restart(self, comm, algo) -> None:
+        """``reset()``, and drop the communication and phase times gathered since the last
+        reduction (a checkpoint's drain, an evaluation): they are not in any step's time."""
+        self.reset()
+        comm.stats.reset()
+        if getattr(algo, "phases", None) is not None:
+            algo.phases.reset()
 
     def add(self, loss) -> None:
         """Count a step and keep its loss (a float, or a 0-d device array left on the GPU: reading
@@ -149,29 +164,42 @@ class Interval:
         communication stats (one allreduce of a few float64 over the control communicator;
         asgd adds its staleness, and one more allreduce for its maximum). Ranks without
         training steps (asgd's servers) add no times or bytes: per-step means are the workers'."""
+        wall = time.monotonic() - self.t0
         c = comm.stats.snapshot_and_reset()
         stale = algo.interval_staleness() if hasattr(algo, "interval_staleness") else {}
-        wall = time.monotonic() - self.t0
         mine = 1.0 if self.steps else 0.0    # per-step means are over the ranks that take steps
         sums = comm.allreduce_scalars({
             "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": self.bad, "loss": self.loss,
             "steps": self.steps, "wall": wall * mine, "inflight_s": c["inflight_s"] * mine,
             "wait_s": c["wait_s"] * mine, "bytes_sent": c["bytes_sent"] * mine,
+            **self._phase_sums(c, algo, mine),
             **{k: v for k, v in stale.items() if k != "stale_max"}}, op="sum")
         if stale:
             sums["stale_max"] = comm.allreduce_scalars({"m": stale["stale_max"]}, op="max")["m"]
         sums["my_steps"], sums["my_wall"] = self.steps, wall
         return sums
 
+    def _phase_sums(self, c: dict, algo, mine: float) -> dict:
+        """This rank's step-breakdown totals (ssdmpi/phases.py), then its phase timers reset."""
+        phases = getattr(algo, "phases", None)     # asgd keeps none: its fb and update count as other
+        fb, update = (phases.fb_s, phases.update_s) if phases is not None else (0.0, 0.0)
+        if phases is not None:
+            phases.reset()
+        return {"fb_s": fb * mine, "update_s": update * mine, "data_s": self.data_s * mine,
+                "progress_s": c["progress_s"] * mine}
+
 
 def step_record(sums: dict, global_batch: int) -> dict:
     """The per-step means of a ``kind: step`` metrics record (see ssdmpi/metrics.py) from ``Interval.reduce``.
 
     Times and bytes are per step, averaged over ranks; ``compute_s`` is the step time not
-    spent blocked on communication; ``samples_per_s`` counts all ranks (rank 0's clock).
+    spent blocked on communication; ``samples_per_s`` counts all ranks (rank 0's clock);
+    the step breakdown (``ssdmpi/phases.py``'s ``BREAKDOWN`` keys) sums to ``step_s``.
     """
     per = max(1.0, sums["steps"])   # rank-steps in the interval
     step_s = sums["wall"] / per
+    parts = breakdown(step_s, {k: sums.get(k, 0.0) / per for k in ("fb_s", "update_s", "data_s", "wait_s",
+                                                                     "progress_s")})
     good = sums["steps"] - sums["bad"]
     stale = ({"staleness_mean": sums["stale_sum"] / sums["stale_n"] if sums["stale_n"] else 0.0,
               "staleness_max": int(sums["stale_max"])} if "stale_n" in sums else {})
@@ -179,7 +207,7 @@ def step_record(sums: dict, global_batch: int) -> dict:
             "samples_per_s": sums["my_steps"] * global_batch / sums["my_wall"] if sums["my_wall"] > 0 else None,
             "step_s": step_s, "compute_s": step_s - sums["wait_s"] / per,
             "inflight_s": sums["inflight_s"] / per, "wait_s": sums["wait_s"] / per,
-            "bytes_sent": sums["bytes_sent"] / per,
+            "bytes_sent": sums["bytes_sent"] / per, **parts,
             "overlap": min(1.0, max(0.0, 1 - sums["wait_s"] / sums["inflight_s"])) if sums["inflight_s"] > 0 else 0.0}
 
 
@@ -189,8 +217,8 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
     algo, state, step, E = job.algo, job.state, job.state.step, job.E
     record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage, "time": state.time_s(),
               "lr": algo.lr_global, "lr_local": algo.lr_local, **step_record(sums, job.cfg.batch_size * job.workers)}
-    for key in ("compute_s", "inflight_s", "wait_s", "bytes_sent"):
-        state.totals[key] += record[key] * steps
+    for key in PER_STEP_TOTALS:
+        state.totals[key] = state.totals.get(key, 0.0) + record[key] * steps
     state.totals["steps"] += steps
     state.totals["wall"] += sums["my_wall"]
     record["train_s"] = state.train_s()

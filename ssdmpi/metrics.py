@@ -12,7 +12,9 @@ run appends to the same file). Two kinds of record:
     lr, lr_local, samples_per_s (all ranks), step_s (wall seconds per step),
     compute_s / inflight_s / wait_s (per step, mean over ranks: computing, an allreduce
     in flight, blocked waiting for one), bytes_sent (per step per rank), overlap (fraction
-    of in-flight time hidden behind compute); with asgd the times and bytes are the workers'
+    of in-flight time hidden behind compute), and the step breakdown that sums to step_s:
+    fb_s, update_s, data_s, blocked_s, progress_s, other_s (ssdmpi/phases.py defines them);
+    with asgd the times and bytes are the workers'
     (the servers take no steps) and staleness_mean / staleness_max (over the interval's
     server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.loop.step_record``
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
@@ -190,12 +192,23 @@ def summary_text(s: dict) -> str:
         lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, "
                      f"in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
                      f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
+    lines += _breakdown_lines(s)
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")
     lines.append(f"  run directory: {s.get('run_dir')}")
     return "\n".join(lines)
+
+
+def _breakdown_lines(s: dict) -> list:
+    """The summary's step breakdown line (ssdmpi/phases.py), when the run logged one."""
+    from ssdmpi.phases import BREAKDOWN, LABELS
+
+    if s.get("step_s") is None or any(s.get(k) is None for k in BREAKDOWN):
+        return []
+    parts = ", ".join(f"{LABELS[k]} {s[k] * 1e3:.2f}" for k in BREAKDOWN)
+    return [f"  step {s['step_s'] * 1e3:.2f} ms = {parts} ms (per step, mean over ranks)"]
 
 
 def _atomic_write(path: str, text: str) -> None:

@@ -7,6 +7,7 @@ Figures (each written only when the runs hold the data it needs):
 | ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
 | ``accuracy_vs_epoch.png`` | test accuracy of ``W`` vs epoch |
 | ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
+| ``step_breakdown.png`` | each run's steady-state step split into its phases (forward+backward, update, data, exposed wait, progress calls, other; ``ssdmpi/phases.py``), ms per step |
 | ``throughput_vs_k.png`` | steady-state samples/s (``Run.throughput``) vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
 
 This module also holds the reader of run directories (``load_run``), shared with
@@ -287,6 +288,35 @@ def load_run(run_dir) -> Run:
     return run
 
 
+def per_step_means(run, names) -> dict:
+    """``{name: per-step mean}`` of step-record fields over the run's steady-state records.
+
+    The trainer logs one record every ``--log-every`` steps holding per-step means over
+    that interval (``ssdmpi/metrics.py``); records are weighted by the steps they cover
+    (the steps since the previous record), so a short last interval counts for less.
+    None where no steady record has the field.
+    """
+    totals = dict.fromkeys(names, 0.0)
+    seen = dict.fromkeys(names, False)
+    steady = {id(r) for r in run.steady_steps()}
+    steps, prev = 0, 0.0   # the first record covers the steps since the start
+    for r in run.steps:
+        step = number(get(r, "step"))
+        n = step - prev if (step is not None and prev is not None) else None
+        prev = step if step is not None else prev
+        if n is None or n <= 0 or id(r) not in steady:
+            continue
+        steps += n
+        for name in totals:
+            value = number(get(r, name))
+            if value is not None:
+                totals[name] += value * n
+                seen[name] = True
+    if not steps:
+        return dict.fromkeys(names)
+    return {name: (totals[name] / steps if seen[name] else None) for name in totals}
+
+
 # ----------------------------------------------------------------------------- figures
 
 def _pyplot():
@@ -405,6 +435,33 @@ def _throughput_figure(plt, runs, prefix=""):
     return fig
 
 
+def _breakdown_figure(plt, runs, prefix=""):
+    """``step_breakdown.png``: each run's steady-state step as stacked bars of its phases
+    (ssdmpi/phases.py), ms per step; None when no run logged a breakdown."""
+    from ssdmpi.phases import BREAKDOWN, LABELS
+
+    rows = []
+    for run in runs:
+        means = per_step_means(run, BREAKDOWN)
+        if all(means[k] is not None for k in BREAKDOWN):
+            rows.append((run.label, means))
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.5 * len(rows)))
+    left = [0.0] * len(rows)
+    for key in BREAKDOWN:
+        widths = [max(0.0, 1e3 * means[key]) for _, means in rows]
+        ax.barh(range(len(rows)), widths, left=left, label=LABELS[key])
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (mean over ranks, after the warm-up)")
+    ax.set_title(prefix + "Where a step goes")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize="small", ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.05 * len(rows)))
+    return fig
+
+
 def make_figures(runs, out_dir, title: str = "") -> list:
     """Draw every figure the runs have data for into ``out_dir``; return the written paths."""
     plt = _pyplot()
@@ -419,6 +476,7 @@ def make_figures(runs, out_dir, title: str = "") -> list:
                                                   prefix + "Test accuracy vs epochs"),
         "loss.png": _loss_figure(plt, runs, prefix),
         "throughput_vs_k.png": _throughput_figure(plt, runs, prefix),
+        "step_breakdown.png": _breakdown_figure(plt, runs, prefix),
     }
     written = []
     for name, fig in figures.items():

@@ -275,6 +275,7 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
 
 def _summary(job: Job, size: int, run_time: float) -> None:
     """Rank 0: write summary.txt/.json and print the summary."""
+    from ssdmpi.loop import PER_STEP_TOTALS
     from ssdmpi.metrics import write_summary
 
     cfg, state = job.cfg, job.state
@@ -285,8 +286,7 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                "samples_per_s": (totals["steps"] * cfg.batch_size * job.workers / totals["wall"]
                                  if totals["wall"] else 0.0),
                **state.last_eval,
-               **({k: totals[k] / steps for k in ("compute_s", "inflight_s", "wait_s", "bytes_sent")}
-                  if totals["steps"] else {}),
+               **({k: totals[k] / steps for k in PER_STEP_TOTALS if k in totals} if totals["steps"] else {}),
                "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "placement": job.placement.describe(),
                "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)

@@ -17,6 +17,7 @@ import numpy as np
 from ssdmpi import backend
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
+from ssdmpi.phases import Phases, clock
 
 
 class Algorithm:
@@ -27,10 +28,12 @@ class Algorithm:
 
     def __init__(self, config, model, communicator):
         self.config, self.model, self.comm = config, model, communicator
-        if getattr(communicator, "strategy", None) == "test":
+        self.poll = None
+        if getattr(communicator, "strategy", None) in ("test", "poll"):
             # The `test` progress strategy moves an allreduce only inside MPI calls made by
-            # this thread: poke it between layers so it overlaps the compute.
-            model.between_layers = communicator.progress
+            # this thread: poke it between layers, and every few MB of the fused update
+            # passes (``fused.POLL_BLOCKS``), so it overlaps the compute.
+            model.between_layers = self.poll = communicator.progress
         self.N = int(communicator.size)
         self.k = config.delay
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
@@ -38,11 +41,14 @@ class Algorithm:
         self.mask = model.flat.decay_mask()
         self.schedule = config.global_schedule()
         self.global_sgd = MomentumSGD(config.momentum, config.weight_decay, self.mask)
+        self.global_sgd._plan.poll = self.poll
         self.W = model.params
         self.M = self.xp.zeros_like(model.params)
         self.L = None
         self.t = 0
         self.s = 0
+        self.phases = Phases()   # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
+        self._stats = getattr(communicator, "stats", None)
         if self.has_delay_stage and self.T_w == 0:
             self._enter_delay()
 
@@ -77,7 +83,18 @@ class Algorithm:
         return self.L
 
     def step(self, x, y) -> float:
-        """Run iteration ``t`` on this rank's batch; return its mean loss (before the update)."""
+        """Run iteration ``t`` on this rank's batch; return its mean loss (before the update).
+
+        Adds to ``phases``: ``update_s`` is this call's time outside ``fb_s`` and outside the
+        Communicator's exposed time (``wait_s``, progress calls included)."""
+        ph, st = self.phases, self._stats
+        t0, fb0, w0 = clock(), ph.fb_s, (st.wait_s if st is not None else 0.0)
+        loss = self._iteration(x, y)
+        waited = (st.wait_s - w0) if st is not None else 0.0
+        ph.update_s += (clock() - t0) - (ph.fb_s - fb0) - waited
+        return loss
+
+    def _iteration(self, x, y) -> float:
         if self.stage == "warmup":
             loss = self._ssgd_step(x, y)
             self.t += 1
@@ -149,12 +166,26 @@ class Algorithm:
 
     # --- shared pieces -------------------------------------------------------------------
 
-    def _ssgd_step(self, x, y) -> float:
-        """ALGORITHM.md 1.1 / section 3: blocking allreduce of the mean gradients, one global update."""
+    def _loss_and_grad(self, x, y, sync: bool = False) -> float:
+        """``model.loss_and_grad`` timed into ``phases.fb_s`` (without the ``progress()`` calls the
+        model makes between layers); ``sync``: then wait for the device (``backend.synchronize``)."""
+        st = self._stats
+        t0, p0 = clock(), (st.progress_s if st is not None else 0.0)
         loss = self.model.loss_and_grad(x, y)
+        if sync:
+            backend.synchronize()
+        self.phases.fb_s += (clock() - t0) - ((st.progress_s - p0) if st is not None else 0.0)
+        return loss
+
+    def _ssgd_step(self, x, y) -> float:
+        """ALGORITHM.md 1.1 / section 3: blocking allreduce of the mean gradients, one global update.
+
+        The allreduce sums; the global update divides by ``N`` as it reads the sum (the same
+        bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
+        loss = self._loss_and_grad(x, y, sync=True)
         G = self.model.grads
-        self.comm.allreduce_mean(G)        # G = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
-        self.global_sgd.step(self.W, self.M, G, self.schedule(self.s))
+        self.comm.allreduce(G, average=False)     # G/N = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
+        self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
         self.s += 1
         return loss
 

@@ -26,15 +26,19 @@ class LocalSGD(Algorithm):
         return self.schedule(self.t if self.stage == "delay" else self.s)
 
     def _begin_delay(self) -> None:
+        from ssdmpi.optim import fused
+
         self.V = self.M.copy()
+        self._fused, self._plan = fused, fused.Plan((self.mask,), scratch=0)
+        self._plan.poll = self.poll
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
-        loss = self.model.loss_and_grad(x, y)
+        loss = self._loss_and_grad(x, y)
         self.global_sgd.step(self.L, self.V, self.model.grads, self.schedule(self.t))
         if (m + 1) % self.k == 0:
-            self.comm.allreduce_mean(self.L)
-            self.W[...] = self.L
+            self.comm.allreduce(self.L, average=False)
+            self._fused.divide_copy(self._plan, self.L, self.W, self.N)   # L = sum/N; W = L: one pass
             self.s += self.k
         return loss
 

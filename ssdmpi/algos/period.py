@@ -8,7 +8,7 @@ buffers alternate: one accumulating, one in flight. ``g`` is this rank's MEAN gr
 
 | rule | where specified | per iteration | at a period's end |
 |---|---|---|---|
-| ``delta-own`` (default) | docs/PERIOD_RULE.md 2-4 | momentum SGD on ``L`` with a per-rank ``U`` | wait previous ``Dbar``: ``W <- W + Dbar``; ``D = L - S``; ``L <- W + D`` (if ``W`` changed); post ``D``; ``S <- L`` |
+| ``delta-own`` (default) | docs/PERIOD_RULE.md 2-4 | momentum SGD on ``L`` with a per-rank ``U`` | wait previous ``Dsum``: ``W <- W + Dsum/N``; ``D = L - S``; ``L <- W + D`` (if ``W`` changed); post ``D`` (sum); ``S <- L`` |
 | ``replay`` (ablation) | ALGORITHM.md 5b, PERIOD_RULE.md 6 | ``A += g``; local update (``--local-update``) | post ``A``; wait the previous period's ``Abar``; ``k`` global steps with ``Abar/k``; ``L <- W`` |
 
 A result drained between iterations (checkpoint) is held (``has_Rp``, ``Rp``) and
@@ -32,6 +32,7 @@ class PeriodRule:
 
     name = "base"
     uses_local_update = False
+    folds_mean = False   # True: post the SUM; the rule divides by N as it applies it (no separate pass)
 
     def __init__(self, algo):
         self.a = algo
@@ -48,13 +49,17 @@ class PeriodRule:
         return self.a.schedule(t)
 
     def _post(self, buf):
-        return self.a.comm.allreduce_start(buf, average=True)
+        return self.a.comm.allreduce_start(buf, average=not self.folds_mean)
 
     def drain(self) -> None:
+        """Complete the request in flight and hold its mean (a folded sum is divided here: drains
+        happen at checkpoints and evaluations, and a checkpoint's held result is the mean)."""
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
             self._held = True
+            if self.folds_mean and self.a.N > 1:
+                self._other /= self.a.N
 
     def _swap_in(self, handle) -> None:
         """``_acc`` was just posted as ``handle``: it becomes the in-flight buffer."""
@@ -153,7 +158,7 @@ class DeltaOwn(PeriodRule):
         if a sum is in flight or held (p >= 1):  W <- W + Sum/N;  s += k;  changed = True
         D <- L - S
         if changed:  L <- W + D                             # own displacement still in flight
-        post Iallreduce(D) (mean);  S <- L
+        post Iallreduce(D) (sum; the /N is folded into the next W update);  S <- L
 
     ``M`` is not used in the delay stage. ``U`` is never reset or averaged. ``finalize()``
     (end of training) applies what is in flight, then averages the partial period with a
@@ -163,6 +168,7 @@ class DeltaOwn(PeriodRule):
 
     name = "delta-own"
     uses_local_update = False
+    folds_mean = True
 
     def begin(self) -> None:
         from ssdmpi.optim import fused  # late: the CLI parser reads PERIOD_RULES, fused imports NumPy
@@ -171,6 +177,7 @@ class DeltaOwn(PeriodRule):
         self.U = a.M.copy()
         self.S = a.L.copy()
         self._fused, self._plan = fused, fused.Plan((a.mask,), scratch=1)
+        self._plan.poll = a.poll
 
     def step(self, g, m: int) -> None:
         a = self.a
@@ -179,12 +186,23 @@ class DeltaOwn(PeriodRule):
         # (eta*lam*mask)*L rounds like this: eta*lam*mask is exactly eta*lam or 0.
         self._fused.delta_own_step(self._plan, self.U, a.L, g, eta * a.config.weight_decay, a.config.momentum, eta)
         if (m + 1) % a.k == 0:
-            self.drain()
-            changed = self._held
-            self.apply_held()
+            changed = self._complete()
             D = self._acc
             self._fused.delta_own_boundary(self._plan, a.W, a.L, self.S, D, changed)  # D = L-S; [L = W+D]; S = L
             self._swap_in(self._post(D))
+
+    def _complete(self) -> bool:
+        """At a period end: ``W <- W + Sum/N`` from the request in flight (one fused pass: the
+        division folded into the addition), or from a held mean; True when ``W`` changed."""
+        a = self.a
+        if self._handle is not None:
+            total, self._handle = self._handle.wait(), None
+            self._fused.add_divided(self._plan, a.W, total, a.N)
+            a.s += a.k
+            return True
+        changed = self._held
+        self.apply_held()
+        return changed
 
     def _apply(self, reduced) -> None:
         a = self.a

@@ -26,6 +26,7 @@ class _SSDBase(Algorithm):
         self.local = make_local_update(c.local_update, M=self.M, world_size=self.N, delay=self.k,
                                        momentum=c.momentum, weight_decay=c.weight_decay,
                                        glu_divisor=c.glu_divisor, decay_mask=self.mask)
+        self.local._plan.poll = self.poll
         self.local.begin(self.L)
 
     def _local_lr(self, t: int) -> float:
@@ -49,8 +50,8 @@ class SSDStep(_SSDBase):
     """ALGORITHM.md 5a, ``--comm step``. Iteration ``t >= T_w``, ``m = t - T_w``::
 
         g_t = mean gradient on L                                  (model.loss_and_grad)
-        post Iallreduce(mean, g_t) into buffer t%2                (nobody touches it until done)
-        wait for the request of t-1; M, W <- global update with it; s += 1
+        post Iallreduce(sum, g_t) into buffer t%2                 (nobody touches it until done)
+        wait for the request of t-1; M, W <- global update with it / N; s += 1
         if m % k == 0: L <- W                                     (t-1 was a pull iteration)
         L <- local update(L, g_t, m)
 
@@ -67,11 +68,11 @@ class SSDStep(_SSDBase):
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
-        loss = self.model.loss_and_grad(x, y)
+        loss = self._loss_and_grad(x, y)
         g = self.model.grads
         buf = self._bufs[self.t % 2]
         buf[...] = g
-        handle = self.comm.allreduce_start(buf, average=True)
+        handle = self.comm.allreduce_start(buf, average=False)   # the sum: the global update divides
         self._apply_inflight()
         self._handle = handle
         if m % self.k == 0:
@@ -83,7 +84,7 @@ class SSDStep(_SSDBase):
         if self._handle is not None:
             G = self._handle.wait()
             self._handle = None
-            self.global_sgd.step(self.W, self.M, G, self.schedule(self.s))
+            self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
             self.s += 1
 
     def drain(self) -> None:
@@ -124,7 +125,7 @@ class SSDPeriod(_SSDBase):
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
-        loss = self.model.loss_and_grad(x, y)
+        loss = self._loss_and_grad(x, y)
         self.rule.step(self.model.grads, m)
         return loss
 

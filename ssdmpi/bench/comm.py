@@ -33,7 +33,7 @@ from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
 PARTS = ("bandwidth", "overlap")
-STRATEGIES = ("blocking", "test", "thread")
+STRATEGIES = ("blocking", "test", "poll", "thread")
 
 
 def _sizes(texts, flag: str = "--sizes") -> list:
@@ -54,7 +54,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pieces", type=int, default=10,
                         help="the compute is cut into this many pieces with progress() between them (default 10)")
     parser.add_argument("--strategies", action=CommaList, default=",".join(STRATEGIES), metavar="S1,S2",
-                        help=f"progress strategies to compare, from {','.join(STRATEGIES)} (default: all three)")
+                        help=f"progress strategies to compare, from {','.join(STRATEGIES)} (default: all of them)")
     add_json(parser, "the result (one document)", legacy_switch=True)
 
 

@@ -28,6 +28,14 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
 - speedup: samples/s over ssgd's (the first ssgd variant; blank without one);
 - train s: wall-clock seconds spent in training steps (the trainer's ``train_s``: the
   evaluations and checkpoints, identical bookkeeping for every algorithm, are left out);
+- the second table (``BREAKDOWN_COLUMNS``): the step breakdown per step, mean over ranks
+  (``ssdmpi/phases.py``: forward+backward, update, data, exposed wait, progress calls, other;
+  ``phases / step`` is the timed phases' share of the step time), the allreduce's time in
+  flight, and the bounds: from ssgd's own measured compute ``c`` (step minus exposed wait)
+  and allreduce time ``T``, the schedule's speedup with perfect overlap (``(c + T) /
+  max(c, T/k)`` for ssd period k) and with ``bench model``'s contention model (the variant's
+  own compute and in-flight allreduce times as ``c_busy``, ``T_busy``); ``of bound`` is the
+  measured speedup over the bound (``add_bounds``);
 - target accuracy: ssgd's final test accuracy minus ``--target-drop`` (0.5 point);
   time to target: training seconds at the first evaluation reaching it; ``tta/ssgd``: that
   time over ssgd's TOTAL training seconds (the issue's "at most 0.6x ssgd's wall time").
@@ -53,6 +61,10 @@ from ssdmpi.bench.launch import NETNS, ROOT, check_network, mpiexec
 from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
+from ssdmpi.phases import BREAKDOWN
+
+# Per-step means read from the runs' step records (ssdmpi/metrics.py; the breakdown: ssdmpi/phases.py).
+PER_STEP = ("compute_s", "inflight_s", "wait_s", "bytes_sent", "step_s", *BREAKDOWN)
 
 # (column key, header) in table order.
 COLUMNS = (
@@ -170,33 +182,11 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
 # ----------------------------------------------------------------------------- results
 
 def _per_step_means(run):
-    """Per-step means of compute/in-flight/wait seconds and bytes over delay-stage records.
+    """Per-step means of the ``PER_STEP`` fields over steady-state records, each record weighted
+    by the steps it covers (``ssdmpi.plot.per_step_means``)."""
+    from ssdmpi.plot import per_step_means
 
-    The trainer logs one record every ``--log-every`` steps holding per-step means over
-    that interval (``ssdmpi/metrics.py``); records are weighted by the steps they cover
-    (the steps since the previous record), so a short last interval counts for less.
-    """
-    from ssdmpi.plot import get, number
-
-    totals = {"compute_s": 0.0, "inflight_s": 0.0, "wait_s": 0.0, "bytes_sent": 0.0}
-    seen = {name: False for name in totals}
-    steady = {id(r) for r in run.steady_steps()}
-    steps, prev = 0, 0.0   # the first record covers the steps since the start
-    for r in run.steps:
-        step = number(get(r, "step"))
-        n = step - prev if (step is not None and prev is not None) else None
-        prev = step if step is not None else prev
-        if n is None or n <= 0 or id(r) not in steady:
-            continue
-        steps += n
-        for name in totals:
-            value = number(get(r, name))
-            if value is not None:
-                totals[name] += value * n
-                seen[name] = True
-    if not steps:
-        return {name: None for name in totals}
-    return {name: (totals[name] / steps if seen[name] else None) for name in totals}
+    return per_step_means(run, PER_STEP)
 
 
 def run_metrics(run) -> dict:
@@ -209,9 +199,8 @@ def run_metrics(run) -> dict:
         wall = number(get(run.evals[-1], "train_time"))
     if wall is None:
         wall = number(get(run.summary, "train_time"))
-    return {"samples_per_s": run.throughput(), "compute_s": means["compute_s"],
-            "inflight_s": means["inflight_s"], "wait_s": means["wait_s"], "bytes_sent": means["bytes_sent"],
-            "final_acc": run.final_accuracy(), "wall_s": wall, "run": run}
+    return {"samples_per_s": run.throughput(), **means, "final_acc": run.final_accuracy(), "wall_s": wall,
+            "run": run}
 
 
 def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> list:
@@ -228,8 +217,8 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
             row["status"] = results if isinstance(results, str) else "not run"
             rows.append(row)
             continue
-        m = {key: median([r[key] for r in results]) for key in
-             ("samples_per_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", "final_acc", "wall_s")}
+        m = {key: median([r.get(key) for r in results]) for key in
+             ("samples_per_s", *PER_STEP, "final_acc", "wall_s")}
         m["runs"] = [r["run"] for r in results]
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
@@ -248,6 +237,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         row["mb_per_step"] = None if m["bytes_sent"] is None else m["bytes_sent"] / 1e6
         row["final_acc"] = None if m["final_acc"] is None else 100 * m["final_acc"]
         row["wall_s"] = m["wall_s"]
+        row.update(breakdown_ms(m))
         if base is not None:
             if base["samples_per_s"] and m["samples_per_s"]:
                 row["speedup"] = m["samples_per_s"] / base["samples_per_s"]
@@ -257,20 +247,116 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
             row["tta_s"] = median([run.time_to_accuracy(target) for run in m["runs"]])
             if row["tta_s"] is not None and base["wall_s"]:
                 row["tta_ratio"] = row["tta_s"] / base["wall_s"]
+    add_bounds(rows, variants, base)
     return rows
+
+
+# ----------------------------------------------------------------------------- step breakdown and bounds
+
+# The second table: where each variant's step goes, and how close it is to its schedule's bound.
+BREAKDOWN_COLUMNS = (
+    ("name", "variant"),
+    ("step_ms", "step ms"),
+    ("fb_ms", "fwd+bwd ms"),
+    ("update_ms", "update ms"),
+    ("data_ms", "data ms"),
+    ("blocked_ms", "exposed wait ms"),
+    ("progress_ms", "progress ms"),
+    ("other_ms", "other ms"),
+    ("sum_ratio", "phases / step"),
+    ("allreduce_ms", "allreduce ms (in flight)"),
+    ("speedup", "speedup vs ssgd"),
+    ("bound", "overlap bound"),
+    ("of_bound", "of bound"),
+    ("model_bound", "contention model"),
+    ("of_model", "of model"),
+)
+
+
+def breakdown_ms(m: dict) -> dict:
+    """A row's breakdown columns (ms per step) from its per-step means; ``sum_ratio``: the timed
+    phases (all but ``other``) over the step time (1.0: the timers cover the whole step)."""
+    row = {f"{k[:-2]}_ms": None if m.get(k) is None else 1e3 * m[k] for k in ("step_s", *BREAKDOWN)}
+    if m.get("step_s") and all(m.get(k) is not None for k in BREAKDOWN):
+        row["sum_ratio"] = sum(m[k] for k in BREAKDOWN if k != "other_s") / m["step_s"]
+    return row
+
+
+def _pattern(v: Variant):
+    """``(kind, k)`` of ``bench model``'s step model for a variant, or None (no model for it)."""
+    if v.algo == "ssgd":
+        return "ssgd", 1
+    if v.algo in ("ssd", "odsgd"):
+        return ("period", v.k) if v.comm == "period" else ("step", 1)
+    if v.algo == "localsgd":
+        return "localsgd", v.k
+    return None
+
+
+def add_bounds(rows, variants, base) -> None:
+    """Add each row's bounds from ssgd's own measured compute ``c`` and allreduce time ``T`` (per step):
+
+    - ``bound``: the schedule's speedup over ssgd with perfect overlap, ``(c + T) / max(c, T/k)``
+      for ssd period k (``bench model``'s ``predict_step`` without contention);
+    - ``model_bound``: the same with the contention model of ``bench model``: the variant's own
+      compute per step as ``c_busy`` and its own allreduce time in flight as ``T_busy``;
+    - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound).
+    """
+    from ssdmpi.bench.model.alphabeta import predict_step
+
+    if base is None or not base.get("compute_s") or not base.get("inflight_s"):
+        return
+    c, T = base["compute_s"], base["inflight_s"]
+    by_name = {v.name: v for v in variants}
+    for row in rows:
+        v = by_name.get(row["name"])
+        pattern = _pattern(v) if v is not None else None
+        if pattern is None or row.get("speedup") is None:
+            continue
+        kind, k = pattern
+        row["bound"] = (c + T) / predict_step(kind, c, T, k)
+        per_allreduce = k if kind == "period" else 1         # a period run sends once every k steps
+        c_busy = None if row.get("compute_ms") is None else row["compute_ms"] / 1e3
+        t_busy = None if row.get("inflight_ms") is None else row["inflight_ms"] / 1e3 * per_allreduce
+        row["allreduce_ms"] = None if t_busy is None else 1e3 * t_busy
+        row["model_bound"] = (c + T) / predict_step(kind, c, T, k, c_busy, t_busy)
+        row["of_bound"] = row["speedup"] / row["bound"]
+        row["of_model"] = row["speedup"] / row["model_bound"]
+
+
+def breakdown_table(rows, base_note: str = "") -> str:
+    """The step-breakdown-and-bounds table (``BREAKDOWN_COLUMNS``) as Markdown."""
+    lines = ["| " + " | ".join(h for _, h in BREAKDOWN_COLUMNS) + " |",
+             "|" + "|".join("---" if k == "name" else "---:" for k, _ in BREAKDOWN_COLUMNS) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k, _ in BREAKDOWN_COLUMNS) + " |")
+    return (base_note + "\n" if base_note else "") + "\n".join(lines) + "\n"
+
+
+def bound_note(rows) -> str:
+    """One line naming ssgd's measured ``c`` and ``T`` the bounds come from."""
+    for row in rows:
+        if row.get("algo") == "ssgd" and row.get("compute_ms") is not None and row.get("inflight_ms") is not None:
+            c, T = row["compute_ms"], row["inflight_ms"]
+            return (f"Bounds from ssgd's measured compute c = {c:.1f} ms and allreduce T = {T:.1f} ms per step "
+                    f"(ssd period k: (c + T) / max(c, T/k); contention model: ssdmpi bench model's, with each "
+                    f"variant's own compute and allreduce-in-flight times).")
+    return ""
 
 
 def _fmt(key, value) -> str:
     if value is None or value == "":
         return ""
     if isinstance(value, float):
-        if key in ("speedup", "tta_ratio"):
+        if key in ("speedup", "tta_ratio", "bound", "model_bound"):
             return f"{value:.2f}x"
+        if key in ("of_bound", "of_model", "sum_ratio"):
+            return f"{value:.3f}"
         if key == "acc_delta":
             return f"{value:+.2f}"
         if key in ("mb_per_step",):
             return f"{value:.3f}"
-        if key in ("final_acc", "compute_ms", "inflight_ms", "wait_ms", "wall_s", "tta_s"):
+        if key in ("final_acc", "compute_ms", "inflight_ms", "wait_ms", "wall_s", "tta_s") or key.endswith("_ms"):
             return f"{value:.2f}" if value < 100 else f"{value:.1f}"
         return f"{value:.1f}"
     return str(value)
@@ -286,12 +372,15 @@ def markdown_table(rows) -> str:
 
 
 def csv_table(rows) -> str:
-    """The rows as CSV with machine-friendly headers (the ``COLUMNS`` keys) and full precision."""
+    """The rows as CSV with machine-friendly headers (the ``COLUMNS`` keys, then the
+    ``BREAKDOWN_COLUMNS`` ones) and full precision."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([k for k, _ in COLUMNS])
+    keys = [k for k, _ in COLUMNS]
+    keys += [k for k, _ in BREAKDOWN_COLUMNS if k not in keys]
+    writer.writerow(keys)
     for row in rows:
-        writer.writerow(["" if row.get(k) is None else row.get(k) for k, _ in COLUMNS])
+        writer.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
     return buf.getvalue()
 
 
@@ -432,6 +521,7 @@ def run(args) -> int:
     header = (f"<!-- ssdmpi bench train: {args.model} on {dataset}, {args.ranks} ranks, net {args.net}, "
               f"batch {args.batch_size}/rank, lr {args.lr}, "
               f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps} -->\n")
+    md += "\n" + breakdown_table(rows, bound_note(rows))
     _write_new(out / "results.md", header + md)
     _write_new(out / "results.csv", text_csv)
     runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]

@@ -44,10 +44,13 @@ Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` tou
 Results are bitwise identical on every rank: MPI's builtin SUM gives every rank the same
 bytes (each element is reduced once, or by commutative pairs, and then distributed), buckets
 are fixed slices of the same vector on every rank, and the mean is one IEEE division by
-``size`` applied identically everywhere. (Checked at 1, 2 and 4 ranks by
-``tests/mpi/test_comm.py``.) Callers that can fold ``1/size`` into their own update should use
-``average=False``: the division is a full extra pass over the buffer (on a 2-rank shared
-memory allreduce of 64 MB it costs about a third of the allreduce time).
+``size`` applied identically everywhere (a multiplication by ``1/size`` when ``size`` is a power
+of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) A blocking
+mean of a host buffer is reduced in pieces of ``MEAN_PIECE_BYTES``, each divided while in cache;
+at 3 or more ranks MPI may sum a piece in another order than the whole buffer (its algorithm
+depends on the message size), so a mean and a sum of the same buffers can differ in the last bit
+there. Callers that can fold ``1/size`` into their own update should still use ``average=False``
+(the trainer's algorithms do): then there is no division pass at all.
 
 GPU buffers: see ``ssdmpi/comm/transport.py``. ``allreduce_start`` never waits for the GPU: it
 orders the staging after the kernel that wrote ``buf`` with events, and the request is posted
@@ -61,11 +64,12 @@ and their measured defaults: ``ssdmpi/comm/progress.py``. Stall watchdog:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
 
 from ssdmpi.comm.agreement import first_error, signature_mismatch
-from ssdmpi.comm.progress import PROGRESS, CommThread, default_progress
+from ssdmpi.comm.progress import PROGRESS, CommThread, Poller, default_progress
 from ssdmpi.comm.stats import CommStats
 from ssdmpi.comm.transport import Transport
 from ssdmpi.comm.trees import recv_tree, send_tree
@@ -73,6 +77,27 @@ from ssdmpi.errors import UserError
 
 _clock = time.perf_counter
 TREE_TAG = 7301   # point-to-point tag of state trees on the control communicator
+
+
+# A blocking mean allreduce of a host buffer runs in pieces of this size, each divided right after
+# it is reduced, while it is in cache (``bench comm``'s mean/raw; BENCHMARKS.md, speed section).
+MEAN_PIECE_BYTES = 1 << 20
+
+
+def _pieces(flat, nbytes: int) -> list:
+    """``flat`` as consecutive slices of about ``nbytes`` (the whole of it when smaller)."""
+    step = max(1, nbytes // flat.itemsize)
+    return [flat] if flat.size <= step else [flat[i:i + step] for i in range(0, flat.size, step)]
+
+
+def _divide(buf, n: int) -> None:
+    """``buf /= n`` in place. For a power of two this is a multiplication by ``1/n``, which is
+    exact and rounds like the division in every case (both are the correctly rounded
+    ``x * 2**-k``), and several times cheaper than a division."""
+    if n & (n - 1) == 0:
+        buf *= 1.0 / n
+    else:
+        buf /= n
 
 
 def format_bytes(n: int) -> str:
@@ -152,7 +177,7 @@ class P2PHandle:
 class Communicator:
     """Gradient/weight traffic and control traffic on separate private duplicates.
 
-    Args (see the module contract): ``progress``: ``auto|test|thread|blocking``;
+    Args (see the module contract): ``progress``: ``auto|test|poll|thread|blocking``;
     ``transport``: ``auto|cuda-aware|host`` (device buffers only); ``bucket_bytes``: None
     for one fused request, else the size of each fixed slice; ``stall_timeout``: seconds,
     None or 0 disables the watchdog; ``streams``: where the transport's streams and events
@@ -169,8 +194,8 @@ class Communicator:
         if progress not in PROGRESS:
             raise UserError(f"unknown progress strategy {progress!r}; choose one of {', '.join(PROGRESS)}")
         strategy = default_progress(backend.device()) if progress == "auto" else progress
-        if strategy == "thread" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            raise UserError("--progress thread needs MPI_THREAD_MULTIPLE, which this MPI library did not grant; "
+        if strategy in ("thread", "poll") and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise UserError(f"--progress {strategy} needs MPI_THREAD_MULTIPLE, which this MPI library did not grant; "
                             "use --progress test or blocking")
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise UserError(f"bucket size must be a positive number of bytes, got {bucket_bytes!r}")
@@ -182,6 +207,7 @@ class Communicator:
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self.strategy = strategy
+        self._requests_progress = strategy in ("test", "poll")   # nonblocking requests the caller drives
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         self.stall_timeout = stall_timeout
         self.stats = CommStats()
@@ -195,6 +221,9 @@ class Communicator:
             self._spare = watch_comm
         self._thread = CommThread() if strategy == "thread" else None
         self._pending: list = []     # handles not yet finalised, in posting order
+        # ``poll``: the poller thread's status checks and this thread's request calls take turns.
+        self._lock = threading.Lock() if strategy == "poll" else contextlib.nullcontext()
+        self._poller = Poller(self._lock, self._pending) if strategy == "poll" else None
         self._seq = 0
         self._p2p_seq = 0            # point-to-point operations posted (named, not collective)
         atexit.register(self._stop_threads)
@@ -224,8 +253,8 @@ class Communicator:
         return buf
 
     def progress(self) -> None:
-        """Move outstanding requests along (``test`` strategy; a no-op otherwise). Cheap."""
-        if self.strategy == "test" and self._pending:
+        """Move outstanding requests along (``test`` and ``poll``; a no-op otherwise). Cheap."""
+        if self._requests_progress and self._pending:
             start = _clock()
             for handle in self._pending:
                 if not handle.test():
@@ -411,6 +440,9 @@ class Communicator:
         if self._thread is not None:
             self._thread.stop()
             self._thread = None
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
@@ -457,18 +489,19 @@ class Communicator:
         divisor = self.size if average and self.size > 1 else None
         handle = AllreduceHandle(self, buf, work, buckets, divisor, seq)
         handle._t_posted = t_posted
-        handle._staged, handle._unposted = staged, strategy == "test"
+        handle._staged, handle._unposted = staged, self._requests_progress
         # Dividing on the host right after each bucket is reduced keeps the data in cache; device
         # buffers are divided on the device in ``wait`` (on the caller's stream).
         divide_here = divisor is not None and not self.transport.is_device(buf)
         if strategy == "blocking":
             self._watched(handle, seq, self._reduce_buckets, handle, divide_here)
             handle._t_complete = _clock()
-        elif strategy != "test":
+        elif not self._requests_progress:   # thread
             handle._event = threading.Event()
             self._thread.submit(lambda: self._thread_job(handle, divide_here))
-        self._pending.append(handle)
-        if strategy == "test":
+        with self._lock:
+            self._pending.append(handle)
+        if handle._unposted:
             self._post_staged(handle, wait=False)   # now if the staging is ready, else from test()
         handle._t_returned = _clock()
         return handle
@@ -477,9 +510,14 @@ class Communicator:
         op, in_place, allreduce = self._MPI.SUM, self._MPI.IN_PLACE, self._comm.Allreduce
         handle._staged.wait_ready()        # this thread waits for the staging copy; the GPU runs on
         for b in handle._buckets:
-            allreduce(in_place, b, op=op)
-            if divide_here:
-                b /= handle._divisor
+            if not divide_here:
+                allreduce(in_place, b, op=op)
+                continue
+            # A mean: reduce in cache-sized pieces and scale each while it is still in cache, so
+            # the division is no second pass over memory ("mean" costs what "sum" costs).
+            for part in _pieces(b, MEAN_PIECE_BYTES):
+                allreduce(in_place, part, op=op)
+                _divide(part, handle._divisor)
         handle._divided = divide_here
 
     def _thread_job(self, handle, divide_here: bool) -> None:
@@ -493,7 +531,7 @@ class Communicator:
             handle._event.set()
 
     def _post_staged(self, upto, wait: bool) -> bool:
-        """``--progress test``: post the requests whose staging is ready, in posting order (every
+        """``--progress test|poll``: post the requests whose staging is ready, in posting order (every
         rank posts the same sequence), up to ``upto``; ``wait``: wait for each staging first.
         True when ``upto`` is posted."""
         op, in_place = self._MPI.SUM, self._MPI.IN_PLACE
@@ -503,8 +541,11 @@ class Communicator:
                     if not wait:
                         return False
                     h._staged.wait_ready()
-                h._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in h._buckets]
+                with self._lock:
+                    h._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in h._buckets]
                 h._unposted = False
+                if self._poller is not None:
+                    self._poller.kick()
             if h is upto:
                 break
         return True
@@ -513,7 +554,9 @@ class Communicator:
         if handle._unposted and not self._post_staged(handle, wait=False):
             return False
         if handle._requests is not None:
-            if not self._MPI.Request.Testall(handle._requests):
+            with self._lock:
+                done = self._MPI.Request.Testall(handle._requests)
+            if not done:
                 return False
             handle._t_complete = _clock()
             return True
@@ -528,18 +571,20 @@ class Communicator:
             self._post_staged(handle, wait=True)
         if handle._t_complete is None or handle._event is not None:
             if handle._requests is not None:
-                self._watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)
+                with self._lock:
+                    self._watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)
                 handle._t_complete = _clock()
             elif handle._event is not None and not handle._event.is_set():
                 self._watched(handle, handle.seq, handle._event.wait)
-        self._pending.remove(handle)
+        with self._lock:
+            self._pending.remove(handle)
         handle._final = True
         if handle._error is not None:
             raise RuntimeError(f"{handle.what} failed on the communication thread: {handle._error}") \
                 from handle._error
         self.transport.from_mpi(handle.buf, handle._work)
         if handle._divisor is not None and not handle._divided:
-            handle.buf /= handle._divisor
+            _divide(handle.buf, handle._divisor)
         t_end = _clock()
         exposed = (handle._t_returned - handle._t_posted) + (t_end - t_wait)
         self.stats.record(handle.nbytes, handle._t_complete - handle._t_posted, exposed,

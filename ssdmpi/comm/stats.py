@@ -12,6 +12,7 @@ which returns a dict with exactly these keys (all per rank, summed over the inte
 ``wait_s``           exposed time: the caller blocked inside ``allreduce_start`` (blocking
                      strategy, GPU staging copies), ``wait()``, or ``progress()`` (test
                      strategy: the data moves during those calls, on the caller's time)
+``progress_s``       the part of ``wait_s`` spent inside ``progress()`` calls
 ``compute_s``        time the caller spent elsewhere between ``allreduce_start`` returning
                      and calling ``wait()`` (its compute while the request was in flight)
 ``overlap``          hidden fraction of the communication: ``1 - wait_s / inflight_s``,
@@ -28,13 +29,13 @@ from __future__ import annotations
 
 import time
 
-KEYS = ("allreduce_count", "bytes_sent", "inflight_s", "wait_s", "compute_s", "overlap", "interval_s")
+KEYS = ("allreduce_count", "bytes_sent", "inflight_s", "wait_s", "progress_s", "compute_s", "overlap", "interval_s")
 
 
 class CommStats:
     """Running totals of one Communicator's allreduces since the last reset."""
 
-    __slots__ = ("allreduce_count", "bytes_sent", "inflight_s", "wait_s", "compute_s", "_since")
+    __slots__ = ("allreduce_count", "bytes_sent", "inflight_s", "wait_s", "progress_s", "compute_s", "_since")
 
     def __init__(self):
         self.reset()
@@ -45,6 +46,7 @@ class CommStats:
         self.bytes_sent = 0
         self.inflight_s = 0.0
         self.wait_s = 0.0
+        self.progress_s = 0.0
         self.compute_s = 0.0
         self._since = time.perf_counter()
 
@@ -59,6 +61,7 @@ class CommStats:
     def add_exposed(self, seconds: float) -> None:
         """Add communication time the caller spent outside ``wait`` (``progress()`` calls)."""
         self.wait_s += seconds
+        self.progress_s += seconds
 
     def snapshot(self) -> dict:
         """The totals so far as a dict with the documented ``KEYS``."""
@@ -66,8 +69,8 @@ class CommStats:
         if self.inflight_s > 0:
             overlap = min(1.0, max(0.0, 1.0 - self.wait_s / self.inflight_s))
         return {"allreduce_count": self.allreduce_count, "bytes_sent": self.bytes_sent,
-                "inflight_s": self.inflight_s, "wait_s": self.wait_s, "compute_s": self.compute_s,
-                "overlap": overlap, "interval_s": time.perf_counter() - self._since}
+                "inflight_s": self.inflight_s, "wait_s": self.wait_s, "progress_s": self.progress_s,
+                "compute_s": self.compute_s, "overlap": overlap, "interval_s": time.perf_counter() - self._since}
 
     def snapshot_and_reset(self) -> dict:
         """``snapshot()``, then ``reset()``."""

@@ -35,12 +35,17 @@ from ssdmpi import backend
 # (3-5 such blocks) then sits in L2/L3 instead of streaming from memory once per operation.
 BLOCK_BYTES = 256 * 1024
 
+# A plan's ``poll`` (the Communicator's ``progress``, set by the algorithm under ``--progress test``)
+# is called every this many blocks (4 MiB of each buffer): an update pass over a large model takes
+# tens of ms, and an allreduce in flight moves only inside MPI calls.
+POLL_BLOCKS = 16
+
 # name -> (in_params, out_params, body) of the GPU kernels, each line the same op sequence as the
 # NumPy loop of the same name below. In-place buffers are out params (read, then written).
 KERNELS = {
     "ssdmpi_momentum_sgd": (
-        "T G, T decay, T lr, T mu", "T W, T M",
-        "T t = W * decay; t = t + G; t = t * lr; T m = M * mu; m = m - t; M = m; W = W + m;"),
+        "T decay, T lr, T mu, T n", "T W, T M, T G",
+        "T g = G / n; G = g; T t = W * decay; t = t + g; t = t * lr; T m = M * mu; m = m - t; M = m; W = W + m;"),
     "ssdmpi_global_momentum_local": (
         "T g, T M, T decay, T lr, T mu", "T L",
         "T a = L * decay; a = a + g; a = a * lr; T b = M * mu; T l = L + b; L = l - a;"),
@@ -55,6 +60,12 @@ KERNELS = {
     "ssdmpi_delta_own_step": (
         "T g, T mask, T c, T mu, T eta", "T U, T L",
         "T t = L * mask; t = t * c; T u = U * mu; u = u - t; t = g * eta; u = u - t; U = u; L = L + u;"),
+    "ssdmpi_add_divided": (
+        "T n", "T W, T R",
+        "T r = R / n; R = r; W = W + r;"),
+    "ssdmpi_divide_copy": (
+        "T n", "T L, T W",
+        "T l = L / n; L = l; W = l;"),
     "ssdmpi_delta_own_boundary": (
         "T W, int32 changed", "T L, T S, T D",
         "T d = L - S; D = d; if (changed) L = W + d; S = L;"),
@@ -75,8 +86,12 @@ class Plan:
         consts: the update's constant per-element arrays (kept, not copied: do not modify them).
         scratch: how many block-sized scratch buffers the CPU loop needs.
         block_bytes: CPU block size in bytes. device: GPU path (default: where ``consts[0]`` lives).
-    ``blocks`` (CPU only) lists ``(slice, const operands, scratch views)`` per block.
+    ``blocks`` (CPU only) lists ``(slice, const operands, scratch views)`` per block; the
+    loops iterate ``walk()``, which calls ``poll()`` (when set: a cheap callable, e.g.
+    ``Communicator.progress``) every ``POLL_BLOCKS`` blocks.
     """
+
+    poll = None
 
     def __init__(self, consts, scratch: int, block_bytes: int = BLOCK_BYTES, device: bool | None = None):
         first = consts[0]
@@ -92,6 +107,18 @@ class Plan:
             e = min(s + self.block, self.n)
             ops = tuple(c[s:s + 1] if _uniform(c[s:e]) else c[s:e] for c in consts)
             self.blocks.append((slice(s, e), ops, tuple(b[:e - s] for b in bufs)))
+
+    def walk(self):
+        """The blocks, in order, with ``poll()`` called between every ``POLL_BLOCKS`` of them."""
+        if self.poll is None or len(self.blocks) <= POLL_BLOCKS:
+            return self.blocks
+        return self._polled(self.poll)
+
+    def _polled(self, poll):
+        for i, block in enumerate(self.blocks):
+            if i and i % POLL_BLOCKS == 0:
+                poll()
+            yield block
 
     def check(self, *bufs) -> None:
         """``ValueError`` unless every buffer is 1-D, C-contiguous, of the plan's size and dtype."""
@@ -114,17 +141,24 @@ class Plan:
         return tuple(self.dtype.type(v) for v in values)
 
 
-def momentum_sgd(plan: Plan, W, M, G, lr: float, mu: float) -> None:
-    """``t = (W*decay + G)*lr; M = M*mu - t; W = W + M`` (``decay = plan.consts[0]``)."""
+def momentum_sgd(plan: Plan, W, M, G, lr: float, mu: float, n=None) -> None:
+    """``t = (W*decay + G)*lr; M = M*mu - t; W = W + M`` (``decay = plan.consts[0]``).
+
+    ``n`` (a rank count; None or 1: none): first ``G = G/n`` in place, block by block as ``G``
+    is read -- the division of a mean allreduce folded into its consumer, the same bits as dividing
+    the whole buffer first (one IEEE division per element either way), without that pass."""
     plan.check(W, M, G)
     if plan.device:
-        plan.kernel("ssdmpi_momentum_sgd")(G, plan.consts[0], *plan.scalars(lr, mu), W, M)
+        plan.kernel("ssdmpi_momentum_sgd")(plan.consts[0], *plan.scalars(lr, mu, n or 1), W, M, G)
         return
-    mul, add, sub = np.multiply, np.add, np.subtract
-    for sl, (d,), (t, *_) in plan.blocks:
-        w, m = W[sl], M[sl]
+    mul, add, sub, div = np.multiply, np.add, np.subtract, np.divide
+    fold = n is not None and n != 1
+    for sl, (d,), (t, *_) in plan.walk():
+        w, m, g = W[sl], M[sl], G[sl]
+        if fold:
+            div(g, n, g)
         mul(w, d, t)
-        add(t, G[sl], t)
+        add(t, g, t)
         mul(t, lr, t)
         mul(m, mu, m)
         sub(m, t, m)
@@ -138,7 +172,7 @@ def global_momentum_local(plan: Plan, L, g, M, lr: float, mu: float) -> None:
         plan.kernel("ssdmpi_global_momentum_local")(g, M, plan.consts[0], *plan.scalars(lr, mu), L)
         return
     mul, add, sub = np.multiply, np.add, np.subtract
-    for sl, (d,), (a, b, *_) in plan.blocks:
+    for sl, (d,), (a, b, *_) in plan.walk():
         x = L[sl]
         mul(x, d, a)
         add(a, g[sl], a)
@@ -155,7 +189,7 @@ def plain_local_sgd(plan: Plan, L, g, lr: float, n: int) -> None:
         plan.kernel("ssdmpi_plain_local_sgd")(g, plan.consts[0], *plan.scalars(lr, n), L)
         return
     mul, add, sub, div = np.multiply, np.add, np.subtract, np.divide
-    for sl, (d,), (a, b, *_) in plan.blocks:
+    for sl, (d,), (a, b, *_) in plan.walk():
         x = L[sl]
         mul(x, d, a)
         div(g[sl], n, b)
@@ -175,7 +209,7 @@ def glu_paper(plan: Plan, L, g, P, lrlam: float, c: float, n: int, neg: float, s
         plan.kernel("ssdmpi_glu_paper")(g, mask, decay, *plan.scalars(lrlam, c, n, neg), np.int32(snap), L, P)
         return
     mul, add, sub, div = np.multiply, np.add, np.subtract, np.divide
-    for sl, (mk, d), (a, b, e) in plan.blocks:
+    for sl, (mk, d), (a, b, e) in plan.walk():
         x, p = L[sl], P[sl]
         f = a[:mk.size]                  # 1 element on a block of uniform mask: the same value for all
         mul(mk, lrlam, f)
@@ -202,7 +236,7 @@ def delta_own_step(plan: Plan, U, L, g, c: float, mu: float, eta: float) -> None
         plan.kernel("ssdmpi_delta_own_step")(g, plan.consts[0], *plan.scalars(c, mu, eta), U, L)
         return
     mul, add, sub = np.multiply, np.add, np.subtract
-    for sl, (mk,), (t, *_) in plan.blocks:
+    for sl, (mk,), (t, *_) in plan.walk():
         u, x = U[sl], L[sl]
         mul(x, mk, t)
         mul(t, c, t)
@@ -213,13 +247,37 @@ def delta_own_step(plan: Plan, U, L, g, c: float, mu: float, eta: float) -> None
         add(x, u, x)
 
 
+def add_divided(plan: Plan, W, R, n: int) -> None:
+    """``R = R/n; W = W + R`` in one pass (a summed allreduce's mean added to ``W``)."""
+    plan.check(W, R)
+    if plan.device:
+        plan.kernel("ssdmpi_add_divided")(*plan.scalars(n), W, R)
+        return
+    for sl, _, _ in plan.walk():
+        r = R[sl]
+        np.divide(r, n, r)
+        np.add(W[sl], r, W[sl])
+
+
+def divide_copy(plan: Plan, L, W, n: int) -> None:
+    """``L = L/n; W = L`` in one pass (a summed allreduce of ``L`` made the mean, and copied)."""
+    plan.check(L, W)
+    if plan.device:
+        plan.kernel("ssdmpi_divide_copy")(*plan.scalars(n), L, W)
+        return
+    for sl, _, _ in plan.walk():
+        x = L[sl]
+        np.divide(x, n, x)
+        W[sl] = x
+
+
 def delta_own_boundary(plan: Plan, W, L, S, D, changed: bool) -> None:
     """The period end of ``delta-own``: ``D = L - S; if changed: L = W + D; S = L``."""
     plan.check(W, L, S, D)
     if plan.device:
         plan.kernel("ssdmpi_delta_own_boundary")(W, np.int32(changed), L, S, D)
         return
-    for sl, _, _ in plan.blocks:
+    for sl, _, _ in plan.walk():
         x, d = L[sl], D[sl]
         np.subtract(x, S[sl], d)
         if changed:

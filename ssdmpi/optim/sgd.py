@@ -46,11 +46,14 @@ class MomentumSGD:
 
         self._plan, self._step = fused.Plan((self._decay,), scratch=1), fused.momentum_sgd
 
-    def step(self, W, M, G, lr: float) -> None:
+    def step(self, W, M, G, lr: float, divisor: int | None = None) -> None:
         """One update of ``W`` and ``M`` in place with the averaged mean gradient ``G`` at rate ``lr``.
 
         One fused pass (``ssdmpi/optim/fused.py``) of, per element and in this order::
 
-            tmp = W*(lam*mask);  tmp = tmp + G;  tmp = tmp*lr;  M = M*mu;  M = M - tmp;  W = W + M
+            [G = G/divisor;]  tmp = W*(lam*mask);  tmp = tmp + G;  tmp = tmp*lr;  M = M*mu;  M = M - tmp;  W = W + M
+
+        ``divisor``: ``G`` holds a SUM over that many ranks (``Communicator.allreduce(average=False)``);
+        it is made the mean in place as it is read, the same bits as ``allreduce_mean`` gives.
         """
-        self._step(self._plan, W, M, G, lr, self.mu)
+        self._step(self._plan, W, M, G, lr, self.mu, divisor)

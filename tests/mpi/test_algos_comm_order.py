@@ -22,13 +22,20 @@ class Recording:
     def __init__(self, comm):
         self.inner, self.size, self.rank = comm, comm.size, comm.rank
         self.log, self.t, self._next = [], 0, 0
+        self.averages = []     # the ``average`` flag of every call, in order
 
     def allreduce_mean(self, buf):
         self.log.append(("blocking", self.t, None, buf))
         return self.inner.allreduce_mean(buf)
 
+    def allreduce(self, buf, average=True):
+        self.averages.append(average)
+        self.log.append(("blocking", self.t, None, buf))
+        return self.inner.allreduce(buf, average)
+
     def allreduce_start(self, buf, average=True):
         rid, self._next = self._next, self._next + 1
+        self.averages.append(average)
         self.log.append(("start", self.t, rid, buf))
         handle, log, outer = self.inner.allreduce_start(buf, average), self.log, self
 
@@ -100,3 +107,14 @@ def test_localsgd_averages_blocking_every_k(recorded):
     blocking = [t for _, t, _, _ in by_kind(recorded.log, "blocking")]
     assert blocking == list(range(T_w)) + [t for t in range(T_w, steps) if (t - T_w) % k == k - 1]
     assert not by_kind(recorded.log, "start")
+
+
+@pytest.mark.parametrize("algo,comm", [("ssgd", None), ("ssd", "step"), ("ssd", "period"), ("localsgd", None)])
+def test_the_division_by_n_is_folded_into_the_consumer(recorded, algo, comm):
+    """Every allreduce of a training step is a plain sum (``average=False``): the global update,
+    delta-own's ``W`` update and localsgd's average divide by N as they read it (no extra pass)."""
+    extra = {} if algo == "ssgd" else {"warmup_steps": 2, "delay": 2, **({"comm": comm} if comm else {})}
+    cfg = AlgoConfig(algo=algo, lr=0.05, **extra)
+    _, algo_obj = run(cfg, recorded, 8)
+    algo_obj.drain()
+    assert recorded.averages and not any(recorded.averages)

@@ -15,7 +15,7 @@ import pytest
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.errors import UserError
 
-STRATEGIES = ("blocking", "test", "thread")
+STRATEGIES = ("blocking", "test", "poll", "thread")
 
 
 def rank_data(rank: int, n: int, dtype=np.float32) -> np.ndarray:
@@ -74,6 +74,23 @@ def test_blocking_calls_match_the_nonblocking_ones(make_comm):
     c.allreduce_mean(a)
     c.allreduce_start(b).wait()
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_blocking_mean_reduced_in_pieces_is_the_mean_everywhere(make_comm, comm):
+    """Blocking means of host buffers are reduced and divided piece by piece (MEAN_PIECE_BYTES):
+    the result is the mean, the same bytes on every rank, and at <= 2 ranks (where MPI's sum of
+    an element does not depend on the message size) the bits of the sum divided afterwards."""
+    from ssdmpi.comm.communicator import MEAN_PIECE_BYTES
+
+    n = 3 * MEAN_PIECE_BYTES // 4 + 1001
+    c = make_comm()
+    a, b = rank_data(c.rank, n), rank_data(c.rank, n)
+    c.allreduce_mean(a)
+    np.testing.assert_allclose(a, reference_mean(c.size, n), rtol=1e-5, atol=1e-6)
+    assert same_bytes_everywhere(comm, a)
+    c.allreduce(b, average=False)
+    if c.size <= 2:
+        np.testing.assert_array_equal(a, b / c.size)
 
 
 def test_a_started_request_can_be_waited_after_other_work(make_comm):
@@ -145,6 +162,22 @@ def test_thread_strategy_completes_without_the_caller(comm):
         c.free()
 
 
+def test_poll_strategy_completes_without_the_caller(comm):
+    """``poll``: the poller thread alone drives the request to completion while the caller
+    sleeps (no MPI call of its own); the result is the mean, the same bytes everywhere."""
+    c = Communicator(comm, progress="poll")
+    try:
+        buf = rank_data(c.rank, 1 << 20)
+        handle = c.allreduce_start(buf)
+        assert c._poller.settled.wait(30), "the poller did not complete the request"
+        assert c._poller.polls > 0
+        handle.wait()
+        np.testing.assert_allclose(buf, reference_mean(c.size, 1 << 20), rtol=1e-5, atol=1e-6)
+        assert same_bytes_everywhere(comm, buf)
+    finally:
+        c.free()
+
+
 def test_test_strategy_progress_hook_completes_the_request(comm):
     c = Communicator(comm, progress="test")
     try:
@@ -166,7 +199,7 @@ def test_stats_count_bytes_and_reset(make_comm):
     for _ in range(3):
         c.allreduce_start(np.ones(2500, dtype=np.float32)).wait()
     snap = c.stats.snapshot_and_reset()
-    assert set(snap) == {"allreduce_count", "bytes_sent", "inflight_s", "wait_s", "compute_s", "overlap",
+    assert set(snap) == {"allreduce_count", "bytes_sent", "inflight_s", "wait_s", "progress_s", "compute_s", "overlap",
                          "interval_s"}
     assert snap["allreduce_count"] == 3 and snap["bytes_sent"] == 3 * 10_000
     assert 0.0 <= snap["overlap"] <= 1.0 and snap["inflight_s"] > 0 and snap["wait_s"] > 0

@@ -56,7 +56,8 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
     a, b, c = (np.empty(n, dtype) for _ in range(3))
     g, Mr, Wg = data(rng, n, dtype, 3)
     dg, dMr, dWg, dmask, ddecay = (dev(x) for x in (g, Mr, Wg, mask, decay))
-    states = {"momentum": 2, "global-momentum": 1, "sgd": 1, "glu": 2, "delta-own": 4}[kind]
+    states = {"momentum": 2, "global-momentum": 1, "sgd": 1, "glu": 2, "delta-own": 4, "momentum-sum": 3,
+              "add-divided": 2, "divide-copy": 2}[kind]
     h = data(rng, n, dtype, states)                 # unfused state; d: the fused twin
     d = [dev(x) for x in h]
     consts = {"glu": (dmask, ddecay), "delta-own": (dmask,)}.get(kind, (ddecay,))
@@ -76,6 +77,18 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
             snap, f = s % 2 == 0, (1.0 if s % 2 == 0 else 0.5)
             old.unfused_glu_paper(h[0], g, h[1], mask, decay, lr, LAM, C, N, f, snap, a, b, c)
             fused.glu_paper(plan, d[0], dg, d[1], lr * LAM, C, N, -(lr * f), snap)
+        elif kind == "momentum-sum":                 # state (W, M, G): G a sum over N ranks, divided as read
+            np.divide(h[2], N, out=h[2])             # the oracle: the mean allreduce's own division pass
+            old.unfused_momentum_sgd(h[0], h[1], h[2], decay, lr, MU, a)
+            fused.momentum_sgd(plan, d[0], d[1], d[2], lr, MU, N)
+        elif kind == "add-divided":                  # state (W, R): W += R/N
+            np.divide(h[1], N, out=h[1])
+            np.add(h[0], h[1], out=h[0])
+            fused.add_divided(plan, d[0], d[1], N)
+        elif kind == "divide-copy":                  # state (L, W): L = L/N; W = L
+            np.divide(h[0], N, out=h[0])
+            h[1][...] = h[0]
+            fused.divide_copy(plan, d[0], d[1], N)
         else:                                        # delta-own: state (U, L, S, D); a boundary each step
             old.unfused_delta_own_step(h[0], h[1], g, mask, lr, LAM, MU, a)
             fused.delta_own_step(plan, d[0], d[1], dg, lr * LAM, MU, lr)
@@ -84,7 +97,7 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
     return h, [backend.to_host(x) for x in d]
 
 
-KINDS = ("momentum", "global-momentum", "sgd", "glu", "delta-own")
+KINDS = ("momentum", "global-momentum", "sgd", "glu", "delta-own", "momentum-sum", "add-divided", "divide-copy")
 
 
 def check(kind, n, dtype, mask, **kw):
@@ -273,3 +286,20 @@ def test_real_gpu_kernels_equal_numpy_bitwise():
                 ref, dev = run(kind, n, dtype, mask, dev=cupy.asarray)
             for a, b in zip(ref, dev):
                 assert same_bits(a, b), f"{kind} {np.dtype(dtype).name}: GPU kernel differs from NumPy"
+
+
+def test_a_plans_poll_is_called_every_poll_blocks_and_changes_no_bits():
+    """``--progress test`` drives an allreduce in flight from inside the update passes."""
+    n = SMALL // 4 * (3 * fused.POLL_BLOCKS + 5)           # 53 blocks of 16 float32
+    mask = layer_mask(n, np.float32, np.random.default_rng(8))
+    W, M, G = data(np.random.default_rng(9), n, np.float32, 3)
+    ref = [x.copy() for x in (W, M, G)]
+    calls = []
+    plan = fused.Plan((mask * LAM,), 1, SMALL)
+    plan.poll = lambda: calls.append(1)
+    with np.errstate(all="ignore"):
+        fused.momentum_sgd(plan, W, M, G, LR, MU, 2)
+        np.divide(ref[2], 2, out=ref[2])
+        old.unfused_momentum_sgd(ref[0], ref[1], ref[2], mask * LAM, LR, MU, np.empty(n, np.float32))
+    assert len(plan.blocks) == 3 * fused.POLL_BLOCKS + 5 and len(calls) == 3
+    assert all(same_bits(a, b) for a, b in zip((W, M, G), ref))

@@ -1,0 +1,67 @@
+"""Where a training step's time goes: the step breakdown, per rank, cheap enough to leave on.
+
+A step is cut into disjoint phases; the trainer logs their per-step means, averaged over
+ranks, in every ``kind: step`` record (``ssdmpi/metrics.py``) and the run summary:
+
+==============  =====================================================================
+``fb_s``        forward + backward (``model.loss_and_grad``), without the ``progress()``
+                calls the model makes between layers
+``update_s``    the rest of ``algo.step``: optimizer and local updates, the buffer copies
+                and folds of the algorithm (``algo.step``'s time outside ``fb_s`` and
+                outside the Communicator's exposed time)
+``data_s``      the loader's next batch (and its dtype cast)
+``blocked_s``   exposed communication: blocked in ``allreduce_start`` / ``wait()``
+                (``wait_s - progress_s``)
+``progress_s``  inside ``Communicator.progress()`` (``--progress test``: the data moves there)
+``other_s``     the step time outside every timer above: the loop's own bookkeeping, the
+                batch's host-to-device copy, the loss read-back
+==============  =====================================================================
+
+so ``fb_s + update_s + data_s + blocked_s + progress_s + other_s = step_s`` for every
+record (``other_s`` is what the timers did not cover; it is small when they cover the step).
+
+Cost: a few ``time.perf_counter()`` reads per step, nothing else. No device is ever
+synchronised for timing: on a GPU, ``fb_s`` and ``update_s`` are the host's time to
+*enqueue* the kernels, and the device time shows up wherever the host next waits for the
+stream -- ``backend.synchronize()`` before an allreduce is posted (in ``fb_s`` for ssgd's
+warm-up step, in ``update_s`` for the delay stage), or the loss read-back (``other_s``).
+Over a logging interval the sum is still the step time; the split between phases is the
+host's view unless the phases themselves synchronise.
+"""
+
+from __future__ import annotations
+
+import time
+
+clock = time.perf_counter
+
+# Per-step keys of the breakdown, in display order (each a ``kind: step`` record field).
+BREAKDOWN = ("fb_s", "update_s", "data_s", "blocked_s", "progress_s", "other_s")
+LABELS = {"fb_s": "forward+backward", "update_s": "update", "data_s": "data", "blocked_s": "exposed wait",
+          "progress_s": "progress calls", "other_s": "other"}
+
+
+class Phases:
+    """One rank's phase totals since the last ``reset()``: ``fb_s`` and ``update_s``, in seconds.
+
+    The algorithm adds to them (``ssdmpi/algos/base.py``: ``Algorithm.step`` and
+    ``Algorithm._loss_and_grad``); the trainer reads and resets them once per interval.
+    """
+
+    __slots__ = ("fb_s", "update_s")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.fb_s = self.update_s = 0.0
+
+
+def breakdown(step_s: float, per_step: dict) -> dict:
+    """The ``BREAKDOWN`` fields of one record from per-step means: ``per_step`` holds ``fb_s``,
+    ``update_s``, ``data_s``, ``wait_s`` (exposed, progress included) and ``progress_s``."""
+    progress = per_step["progress_s"]
+    out = {"fb_s": per_step["fb_s"], "update_s": per_step["update_s"], "data_s": per_step["data_s"],
+           "blocked_s": max(0.0, per_step["wait_s"] - progress), "progress_s": progress}
+    out["other_s"] = step_s - sum(out.values())
+    return out

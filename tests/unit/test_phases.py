@@ -1,0 +1,139 @@
+"""The step breakdown (ssdmpi/phases.py): the record fields, the algorithm's accounting, the summary
+line, and ``bench train``'s bounds and breakdown table and figure."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from ssdmpi.comm.stats import CommStats
+from ssdmpi.phases import BREAKDOWN
+
+
+def test_step_record_breakdown_sums_to_the_step_time_and_splits_the_wait():
+    from ssdmpi.loop import step_record
+
+    # Two ranks, 10 steps each: rank-step totals of each phase.
+    sums = {"steps": 20, "bad": 0, "loss": 20.0, "wall": 20 * 0.5, "my_steps": 10, "my_wall": 5.0,
+            "inflight_s": 20 * 1.0, "wait_s": 20 * 0.25, "progress_s": 20 * 0.05, "bytes_sent": 0.0,
+            "fb_s": 20 * 0.1, "update_s": 20 * 0.08, "data_s": 20 * 0.01}
+    r = step_record(sums, 64)
+    assert r["step_s"] == pytest.approx(0.5)
+    assert r["blocked_s"] == pytest.approx(0.20) and r["progress_s"] == pytest.approx(0.05)
+    assert (r["fb_s"], r["update_s"], r["data_s"]) == pytest.approx((0.1, 0.08, 0.01))
+    assert r["other_s"] == pytest.approx(0.5 - 0.1 - 0.08 - 0.01 - 0.25)
+    assert sum(r[k] for k in BREAKDOWN) == pytest.approx(r["step_s"])
+    assert r["compute_s"] == pytest.approx(0.25)
+
+
+class SleepyComm:
+    """One rank whose blocking allreduce takes ``delay`` seconds, recorded as exposed wait, and
+    whose ``progress()`` (called by the model between layers) takes ``poke`` seconds."""
+
+    size, rank, strategy = 1, 0, "test"
+
+    def __init__(self, delay, poke):
+        self.stats, self.delay, self.poke = CommStats(), delay, poke
+
+    def allreduce(self, buf, average=True):
+        time.sleep(self.delay)
+        self.stats.record(buf.nbytes, self.delay, self.delay, 0.0)
+        return buf
+
+    def progress(self):
+        time.sleep(self.poke)
+        self.stats.add_exposed(self.poke)
+
+
+def test_the_algorithm_counts_neither_communication_nor_progress_calls_as_fb_or_update():
+    """ssgd steps on a fake communicator whose allreduce and progress() calls sleep: the sleeps
+    land in the Communicator's stats, not in fb_s or update_s, and the phases cover the step."""
+    from ssdmpi.algos import AlgoConfig, build_algorithm
+    from ssdmpi.nn import build_model
+
+    model = build_model("mlp", (6,), 3, widths=(5,), dtype=np.float64, seed=0)
+    comm = SleepyComm(delay=0.05, poke=0.01)
+    algo = build_algorithm(AlgoConfig(algo="ssgd", lr=0.05), model, comm)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(4, 6)), rng.integers(0, 3, 4)
+    start = time.perf_counter()
+    for _ in range(3):
+        algo.step(x, y)
+    wall = time.perf_counter() - start
+    st = comm.stats.snapshot()
+    assert st["progress_s"] > 0 and st["wait_s"] == pytest.approx(3 * 0.05 + st["progress_s"])
+    ph = algo.phases
+    # The model is tiny: everything but the sleeps is well under the sleeps' time.
+    assert 0 < ph.fb_s < 0.05 and 0 < ph.update_s < 0.05
+    assert ph.fb_s + ph.update_s + st["wait_s"] == pytest.approx(wall, rel=0.05)
+
+
+def test_summary_prints_the_breakdown_line():
+    from ssdmpi.metrics import summary_text
+
+    s = {"algo": "ssd", "step_s": 0.5, "compute_s": 0.25, "fb_s": 0.1, "update_s": 0.08, "data_s": 0.01,
+         "blocked_s": 0.2, "progress_s": 0.05, "other_s": 0.06}
+    text = summary_text(s)
+    assert ("step 500.00 ms = forward+backward 100.00, update 80.00, data 10.00, exposed wait 200.00, "
+            "progress calls 50.00, other 60.00 ms") in text
+    assert "step " not in summary_text({"algo": "ssd"}).split("\n", 2)[-1]
+
+
+class NoEvals:
+    def time_to_accuracy(self, target):
+        return None
+
+
+def _metrics(sps, compute, inflight, wait, step, **phases):
+    m = {"samples_per_s": sps, "compute_s": compute, "inflight_s": inflight, "wait_s": wait, "bytes_sent": 1.0,
+         "step_s": step, "final_acc": 0.8, "wall_s": 10.0, "run": NoEvals()}
+    m.update({k: phases.get(k, 0.0) for k in BREAKDOWN})
+    return m
+
+
+def test_bench_train_bounds_come_from_ssgds_own_c_and_T():
+    """The issue's numbers: c = 85 ms, T = 1.29 s, ssd period k=5 at 4.02x: bound (c+T)/max(c, T/k)
+    = 1375/258 = 5.33x, so 0.754 of it; localsgd's (c+T)/(c+T/k); ssd step's (c+T)/max(c, T)."""
+    from ssdmpi.bench.model.alphabeta import predict_step
+    from ssdmpi.bench.train import bound_note, breakdown_table, parse_variant, summarise
+
+    c, T = 0.085, 1.29
+    variants = [parse_variant(v) for v in ("ssgd", "ssd:period:5", "localsgd:5", "ssd:step:5")]
+    ssgd = _metrics(46.5, c, T, T, c + T, fb_s=0.06, update_s=0.02, data_s=0.005, blocked_s=T)
+    period = _metrics(46.5 * 4.02, 0.1, 1.6 / 5, 0.02, 0.12, fb_s=0.07, update_s=0.02, data_s=0.005,
+                      blocked_s=0.02, other_s=0.005)
+    local = _metrics(46.5 * 2.0, 0.09, T / 5, T / 5, 0.09 + T / 5)
+    step = _metrics(46.5 * 1.0, 0.1, 1.5, 1.4, 1.5)
+    rows = summarise(variants, {"ssgd": [ssgd], "ssd-period-k5": [period], "localsgd-k5": [local],
+                                "ssd-step-k5": [step]})
+    by = {r["name"]: r for r in rows}
+    assert by["ssgd"]["bound"] == pytest.approx(1.0) and by["ssgd"]["of_bound"] == pytest.approx(1.0)
+    p = by["ssd-period-k5"]
+    assert p["bound"] == pytest.approx((c + T) / (T / 5)) and p["bound"] == pytest.approx(5.33, abs=0.01)
+    assert p["of_bound"] == pytest.approx(4.02 / p["bound"]) and p["of_bound"] == pytest.approx(0.754, abs=0.001)
+    assert p["allreduce_ms"] == pytest.approx(1600.0)                         # per allreduce: k steps' worth
+    assert p["model_bound"] == pytest.approx((c + T) / predict_step("period", c, T, 5, 0.1, 1.6))
+    assert p["model_bound"] < p["bound"]
+    assert by["localsgd-k5"]["bound"] == pytest.approx((c + T) / (c + T / 5))
+    assert by["ssd-step-k5"]["bound"] == pytest.approx((c + T) / T)
+    assert p["step_ms"] == pytest.approx(120.0) and p["sum_ratio"] == pytest.approx(0.115 / 0.12)
+    table = breakdown_table(rows, bound_note(rows))
+    assert "c = 85.0 ms and allreduce T = 1290.0 ms" in table
+    assert "| ssd-period-k5 | 120.0 | 70.00 | 20.00 | 5.00 | 20.00 | 0.00 | 5.00 | 0.958 | 1600.0 | 4.02x | 5.33x " \
+           "| 0.754 |" in table
+
+
+def test_breakdown_figure_is_drawn_from_step_records(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ssdmpi.plot import load_run, make_figures
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    rec = {"kind": "step", "stage": "delay", "samples_per_s": 10.0, "step_s": 0.1,
+           **{k: 0.1 / len(BREAKDOWN) for k in BREAKDOWN}}
+    lines = [{"kind": "start", "config": {"algo": "ssd", "comm": "period", "delay": 5}},
+             {**rec, "step": 5}, {**rec, "step": 10}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    written = make_figures([load_run(run_dir)], tmp_path / "fig")
+    assert tmp_path / "fig" / "step_breakdown.png" in written
