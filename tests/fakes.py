@@ -9,7 +9,7 @@ import numpy as np
 class FakeDeviceArray:
     """A 1-D 'device' array over host memory, CuPy-like enough for ssdmpi.comm.
 
-    With a ``gpu`` (a ``FakeGPU``), its own arithmetic (``/=``) is a kernel queued on the
+    With a ``gpu`` (a ``FakeGPU``), its own arithmetic (``/=``, ``*=``) is a kernel queued on the
     compute stream, as CuPy queues it on the current stream; without one it runs at once.
     """
 
@@ -52,10 +52,17 @@ class FakeDeviceArray:
             self._host[...] = host
 
     def __itruediv__(self, other):
+        return self._kernel("divide", self._host.__itruediv__, other)
+
+    def __imul__(self, other):
+        return self._kernel("multiply", self._host.__imul__, other)
+
+    def _kernel(self, name, op, other):
+        """``op(other)`` on the memory: queued on the compute stream with a ``gpu``, else now."""
         if self.gpu is not None:
-            self.gpu.compute.launch("divide", lambda: self._host.__itruediv__(other))
+            self.gpu.compute.launch(name, lambda: op(other))
         else:
-            self._host /= other
+            op(other)
         return self
 
 

@@ -489,14 +489,14 @@ class Communicator:
         divisor = self.size if average and self.size > 1 else None
         handle = AllreduceHandle(self, buf, work, buckets, divisor, seq)
         handle._t_posted = t_posted
-        handle._staged, handle._unposted = staged, self._requests_progress
+        handle._staged, handle._unposted = staged, strategy in ("test", "poll")   # this call's strategy
         # Dividing on the host right after each bucket is reduced keeps the data in cache; device
         # buffers are divided on the device in ``wait`` (on the caller's stream).
         divide_here = divisor is not None and not self.transport.is_device(buf)
         if strategy == "blocking":
             self._watched(handle, seq, self._reduce_buckets, handle, divide_here)
             handle._t_complete = _clock()
-        elif not self._requests_progress:   # thread
+        elif strategy == "thread":
             handle._event = threading.Event()
             self._thread.submit(lambda: self._thread_job(handle, divide_here))
         with self._lock:
