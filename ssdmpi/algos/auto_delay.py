@@ -99,14 +99,13 @@ class DelayMeter:
 
     def choose(self, comm, step: int) -> DelayChoice:
         """Collective (every rank, at the switch): the agreed ``DelayChoice``."""
+        return decide(comm.allreduce_scalars(self.summary(), op="max"), step)
+
+    def summary(self) -> dict:
+        """This rank's side of the agreement: its medians, and ``-n`` (so the max is the fewest samples)."""
         n = len(self.samples)
-        c = statistics.median(s[0] for s in self.samples) if n else 0.0
-        T = statistics.median(s[1] for s in self.samples) if n else 0.0
-        agreed = comm.allreduce_scalars({"c": c, "T": T, "fewest": -n}, op="max")
-        c, T, fewest = agreed["c"], agreed["T"], int(-agreed["fewest"])
-        # A clock too coarse to see the compute (c = 0) means compute is negligible: the longest delay.
-        k = choose_delay(c, T) if c > 0 else (DELAY_RANGE[0] if T <= 0 else DELAY_RANGE[1])
-        return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest)
+        return {"c": statistics.median(s[0] for s in self.samples) if n else 0.0,
+                "T": statistics.median(s[1] for s in self.samples) if n else 0.0, "fewest": -n}
 
     def state_dict(self) -> dict:
         """``auto.samples``: an ``(n, 2)`` float64 array (absent when there is none yet)."""
@@ -119,3 +118,11 @@ class DelayMeter:
 
         rows = np.asarray(d.get("auto.samples", np.zeros((0, 2))), dtype=np.float64).reshape(-1, 2)
         self.samples = [(float(a), float(b)) for a, b in rows][-self.window:]
+
+
+def decide(agreed: dict, step: int) -> DelayChoice:
+    """The choice from ``DelayMeter.summary()`` reduced with ``max`` over ranks (the same on every rank)."""
+    c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
+    # A clock too coarse to see the compute (c = 0) means compute is negligible: the longest delay.
+    k = choose_delay(c, T) if c > 0 else (DELAY_RANGE[0] if T <= 0 else DELAY_RANGE[1])
+    return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest)
