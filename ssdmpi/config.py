@@ -341,7 +341,8 @@ _FLAGS = {
     "algorithm (docs/ALGORITHM.md)": [
         ("algo", {"choices_help": ALGOS}, "training algorithm"),
         ("delay", {"type": delay_value, "metavar": "K|auto"},
-         "steps delay k; auto: the smallest k that hides the allreduce, measured in the warm-up"),
+         "steps delay k; auto: the smallest k (1-32) that hides the allreduce, measured in the "
+         "SSGD warm-up (needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
          "SSGD warm-up in epochs (instead of --warmup-steps)"),

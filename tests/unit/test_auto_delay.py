@@ -149,3 +149,19 @@ def test_auto_is_kept_by_validate_for_algorithms_with_a_delay(settings):
 def test_other_strings_are_still_refused():
     with pytest.raises(UserError, match="integer >= 1"):
         AlgoConfig(delay="fast", warmup_steps=50).validate(world_size=2)
+
+
+# --- ssdmpi train: bad input is one line, exit 2 ---------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--delay", "auto", "--warmup-steps", "0"], "--delay auto measures compute and allreduce times during the SSGD "
+                                                 "warm-up and needs --warmup-steps >= 5 (got 0)"),
+    (["--delay", "auto", "--warmup-epochs", "0.001"], "needs --warmup-steps >= 5 (got 0)"),
+    (["--algo", "ssgd", "--delay", "auto"], "--delay does not apply to --algo ssgd"),
+    (["--algo", "asgd", "--delay", "auto"], "--delay does not apply to --algo asgd"),
+])
+def test_bad_auto_settings_are_one_line_and_exit_2(args, needle):
+    from tests.conftest import run_cli
+    from tests.unit.test_train_cli import assert_one_line_error
+
+    assert_one_line_error(run_cli(["train", "--no-progress-bar"] + args, ranks=2, timeout=120), needle)
