@@ -165,3 +165,13 @@ def test_bad_auto_settings_are_one_line_and_exit_2(args, needle):
     from tests.unit.test_train_cli import assert_one_line_error
 
     assert_one_line_error(run_cli(["train", "--no-progress-bar"] + args, ranks=2, timeout=120), needle)
+
+
+def test_bench_train_knows_the_auto_variant():
+    from ssdmpi.bench.train import parse_variant
+
+    v = parse_variant("ssd:period:auto")
+    assert (v.name, v.train_flags()) == ("ssd-period-kauto", ["--algo", "ssd", "--comm", "period", "--delay", "auto"])
+    assert parse_variant("ssd:step:auto").train_flags()[-2:] == ["--delay", "auto"]
+    with pytest.raises(UserError, match="ssd also takes auto"):
+        parse_variant("localsgd:auto")
