@@ -175,3 +175,12 @@ def test_bench_train_knows_the_auto_variant():
     assert parse_variant("ssd:step:auto").train_flags()[-2:] == ["--delay", "auto"]
     with pytest.raises(UserError, match="ssd also takes auto"):
         parse_variant("localsgd:auto")
+
+
+def test_summary_text_names_the_chosen_k():
+    from ssdmpi.metrics import summary_text
+
+    choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20)
+    text = summary_text({"algo": "ssd", "step": 100, "delay_auto": choice.record()})
+    assert "delay auto: k = 7 (chosen at step 40: compute 80.0 ms, allreduce 500.0 ms per step)" in text
+    assert "delay auto" not in summary_text({"algo": "ssd", "step": 100})
