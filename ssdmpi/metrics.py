@@ -24,8 +24,10 @@ run appends to the same file). Two kinds of record:
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
 placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
 reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
-checkpoint to resume from). ``ssdmpi plot`` reads these files; ``--csv`` and ``--tensorboard``
-write the step and eval records again for other tools (ssdmpi/loggers.py).
+checkpoint to resume from), ``delay`` (``--delay auto`` chose ``delay`` = k at ``step`` from the
+warm-up's ``compute_s`` and ``allreduce_s``: ``ssdmpi/algos/auto_delay.py``). ``ssdmpi plot`` reads these
+files; ``--csv`` and ``--tensorboard`` write the step and eval records again for other tools
+(ssdmpi/loggers.py).
 ``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
 """
 
@@ -192,6 +194,11 @@ def summary_text(s: dict) -> str:
         lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, "
                      f"in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
                      f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
+    if s.get("delay_auto"):
+        d = s["delay_auto"]
+        lines.append(f"  delay auto: k = {d.get('delay')} (chosen at step {d.get('step')}: compute "
+                     f"{d.get('compute_s', 0) * 1e3:.1f} ms, allreduce {d.get('allreduce_s', 0) * 1e3:.1f} ms "
+                     "per step)")
     lines += _breakdown_lines(s)
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")

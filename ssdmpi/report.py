@@ -20,16 +20,16 @@ class Reporter:
 
     def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
         from ssdmpi import __version__, backend, loggers, run_setup
-        from ssdmpi.metrics import MetricsLog, Progress, atomic_write, launcher_on_terminal
+        from ssdmpi.metrics import MetricsLog, Progress, launcher_on_terminal
 
         cfg, step = job.cfg, job.state.step
-        self.log, self.loggers = None, []
+        self.log, self.loggers, self._job = None, [], job
+        job.algo.on_delay_chosen = self.delay_chosen     # --delay auto: told when k is chosen
         if comm.rank == 0:
             metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
             if ckpt_path is not None:
                 run_setup.trim_metrics(metrics_path, step)
-            atomic_write(os.path.join(cfg.run_dir, "config.yaml"),
-                         cfg.to_yaml() + f"# rank 0 ran with: {job.placement.describe()}\n")
+            self._write_config()
             self.log = MetricsLog(metrics_path)
             self.loggers = loggers.open_loggers(cfg, step if ckpt_path is not None else None)
             self.log.write({"kind": "start", "step": step, "time": job.state.elapsed0, "world_size": comm.size,
@@ -49,6 +49,25 @@ class Reporter:
             changes = changed_settings(ckpt_meta.get("config", {}), cfg)
             if changes:
                 self.message("settings changed since the checkpoint: " + ", ".join(changes))
+
+    def _write_config(self) -> None:
+        """``config.yaml``: the resolved settings (``delay: auto`` stays auto, so feeding the file back
+        measures again) and, as comments, where rank 0 ran and the k that auto chose."""
+        from ssdmpi.metrics import atomic_write
+
+        job = self._job
+        choice = getattr(job.algo, "delay_choice", None)
+        atomic_write(os.path.join(job.cfg.run_dir, "config.yaml"),
+                     job.cfg.to_yaml() + f"# rank 0 ran with: {job.placement.describe()}\n"
+                     + (f"# {choice.text()}\n" if choice else ""))
+
+    def delay_chosen(self, choice) -> None:
+        """``--delay auto`` chose ``k`` (every rank calls this): the metrics record, the display line,
+        config.yaml's note."""
+        self.write(choice.record())
+        self.message(choice.text())
+        if self.log is not None:
+            self._write_config()
 
     def write(self, record: dict) -> None:
         if self.log is not None:

@@ -287,6 +287,7 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                                  if totals["wall"] else 0.0),
                **state.last_eval,
                **({k: totals[k] / steps for k in PER_STEP_TOTALS if k in totals} if totals["steps"] else {}),
+               **({"delay_auto": job.algo.delay_choice.record()} if getattr(job.algo, "delay_choice", None) else {}),
                "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "placement": job.placement.describe(),
                "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)

@@ -8,13 +8,20 @@ Buffers (1-D, the model's dtype and device):
 
 ``M`` is the global momentum buffer. Subclasses implement the delay stage
 (``_begin_delay``, ``_delay_step``) and their extra state.
+
+``--delay auto`` (``config.delay == "auto"``): ``k`` is None until the switch, where
+``ssdmpi/algos/auto_delay.py`` chooses it from the warm-up's measurements (collective);
+``delay_choice`` holds the result and ``on_delay_chosen`` (set by the trainer) is told of it.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ssdmpi import backend
+from ssdmpi.algos import auto_delay
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
 from ssdmpi.phases import Phases, clock
@@ -35,7 +42,11 @@ class Algorithm:
             # passes (``fused.POLL_BLOCKS``), so it overlaps the compute.
             model.between_layers = self.poll = communicator.progress
         self.N = int(communicator.size)
-        self.k = config.delay
+        self.auto = config.delay == "auto" and self.has_delay_stage
+        self.k = None if self.auto else config.delay
+        self.delay_choice = None          # --delay auto: the DelayChoice, once made
+        self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
+        self._meter = auto_delay.DelayMeter() if self.auto else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()
@@ -96,9 +107,14 @@ class Algorithm:
 
     def _iteration(self, x, y) -> float:
         if self.stage == "warmup":
-            loss = self._ssgd_step(x, y)
+            if self._meter is None:
+                loss = self._ssgd_step(x, y)
+            else:
+                loss = self._measured_ssgd_step(x, y)
             self.t += 1
             if self.has_delay_stage and self.t == self.T_w:
+                if self._meter is not None:
+                    self._choose_delay()
                 self._enter_delay()
         else:
             loss = self._delay_step(x, y)
@@ -118,7 +134,8 @@ class Algorithm:
     def __repr__(self) -> str:
         """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-own, lr=0.1, ...)``: the key settings."""
         c = self.config
-        keys = (("k", self.k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule),
+        k = "auto" if self.auto and self.k is None else self.k
+        keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule),
                 ("local_update", c.local_update), ("local_lr", c.local_lr), ("lr", c.lr),
                 ("momentum", c.momentum), ("weight_decay", c.weight_decay))
         shown = ", ".join(f"{k}={v}" for k, v in keys if v is not None)
@@ -139,6 +156,8 @@ class Algorithm:
         if self.stage == "delay":
             d["L"] = backend.to_host(self.L).copy()
             d.update(self._delay_state())
+        if self.auto:
+            d.update(self.delay_choice.state() if self.delay_choice else self._meter.state_dict())
         return d
 
     def load_state_dict(self, d: dict) -> None:
@@ -151,6 +170,8 @@ class Algorithm:
                                 f"({self.model.params.size} parameters); was it trained with another model?")
         self.drain()
         self.t, self.s = int(d["t"]), int(d["s"])
+        if self.auto:
+            self._load_auto_state(d)
         if str(d["stage"]) == "delay":
             if self.stage != "delay":
                 self._enter_delay()
@@ -188,6 +209,36 @@ class Algorithm:
         self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
         self.s += 1
         return loss
+
+    def _measured_ssgd_step(self, x, y) -> float:
+        """``_ssgd_step``, timed for ``--delay auto``: the allreduce's time is what ``comm.stats``
+        recorded during the step (the loop resets the stats only between steps); the rest of the
+        step (forward, backward, the update) is compute. On a GPU the update is still running
+        when the step returns: it lands in the next step's compute, before its synchronize."""
+        t0, T0 = time.perf_counter(), self.comm.stats.inflight_s
+        loss = self._ssgd_step(x, y)
+        T = self.comm.stats.inflight_s - T0
+        self._meter.add(time.perf_counter() - t0 - T, T)
+        return loss
+
+    def _choose_delay(self) -> None:
+        """Collective, at the switch: agree on ``k`` (auto_delay.py) and report it."""
+        self.delay_choice = self._meter.choose(self.comm, self.t)
+        self.k = self.delay_choice.k
+        if self.on_delay_chosen is not None:
+            self.on_delay_chosen(self.delay_choice)
+
+    def _load_auto_state(self, d: dict) -> None:
+        """``--delay auto``: the choice made before the checkpoint (kept, never re-measured), or,
+        inside the warm-up, the samples measured so far."""
+        if "auto.k" in d:
+            self.delay_choice = auto_delay.DelayChoice.from_state(d)
+            self.k = self.delay_choice.k
+        elif str(d.get("stage")) == "delay":
+            raise UserError("the checkpoint's delay stage has no --delay auto choice in it (was it trained with "
+                            "a fixed --delay?); resume with that --delay")
+        else:
+            self._meter.load_state_dict(d)
 
     def _enter_delay(self) -> None:
         """The switch (ALGORITHM.md 1.2): ``L <- W``; ``W`` moves to its own buffer."""

@@ -53,7 +53,7 @@ class AlgoConfig:
     """
 
     algo: str = "ssd"                     # ssgd | ssd | odsgd | localsgd | asgd
-    delay: int | None = None              # k; None: 5 (ssd, localsgd), 1 (odsgd)
+    delay: int | str | None = None        # k, or "auto" (auto_delay.py); None: 5 (ssd, localsgd), 1 (odsgd)
     warmup_steps: int = 500               # T_w: SSGD iterations before the delay stage
     comm: str | None = None               # step | period (ssd); None: DEFAULT_COMM for ssd, step for odsgd
     period_rule: str | None = None        # rule of --comm period; None: DEFAULT_PERIOD_RULE
@@ -93,9 +93,9 @@ class AlgoConfig:
         number("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
         number("weight-decay", self.weight_decay, low=0.0)
         nonnegative_int("warmup-steps", self.warmup_steps)
-        if self.delay is not None and (not is_int(self.delay) or self.delay < 1):
-            raise UserError(f"--delay must be an integer >= 1 (iterations between pulls of the global model), "
-                            f"got {self.delay!r}")
+        if self.delay is not None and self.delay != "auto" and (not is_int(self.delay) or self.delay < 1):
+            raise UserError(f"--delay must be an integer >= 1 (iterations between pulls of the global model) "
+                            f"or auto, got {self.delay!r}")
         if self.comm is not None:
             choice("comm", self.comm, COMMS)
         if a == "asgd" or self.servers is not None or self.asgd_order is not None:
@@ -118,6 +118,8 @@ class AlgoConfig:
             choice("period-rule", self.period_rule, tuple(rules))
         rule = (self.period_rule or default_period_rule()) if comm == "period" else None
         delay = self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None)
+        if delay == "auto":
+            _check_auto_warmup(self.warmup_steps)
         resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay)
         uses_local = resolved.uses_local_update()
         if self.local_update is not None:
@@ -197,3 +199,12 @@ class AlgoConfig:
                 d[key] = repr(sorted(d[key].items()))
         return d
 
+
+def _check_auto_warmup(warmup_steps: int) -> None:
+    """``--delay auto`` measures in the SSGD warm-up: it needs enough warm-up steps to measure."""
+    from ssdmpi.algos.auto_delay import MIN_WARMUP_STEPS
+
+    if warmup_steps < MIN_WARMUP_STEPS:
+        raise UserError(f"--delay auto measures compute and allreduce times during the SSGD warm-up and needs "
+                        f"--warmup-steps >= {MIN_WARMUP_STEPS} (got {warmup_steps}); lengthen the warm-up "
+                        "(--warmup-steps or --warmup-epochs) or give a fixed --delay K")

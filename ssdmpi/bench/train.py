@@ -94,7 +94,7 @@ class Variant:
     name: str
     algo: str
     comm: str | None = None
-    k: int | None = None
+    k: int | str | None = None   # "auto": --delay auto
 
     def train_flags(self) -> list:
         flags = ["--algo", self.algo]
@@ -106,13 +106,16 @@ class Variant:
 
 
 def parse_variant(spec: str) -> Variant:
-    """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``."""
+    """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``
+    (``K`` a positive integer, or ``auto`` for ssd: ``--delay auto``)."""
     parts = spec.strip().split(":")
     try:
         if parts == ["ssgd"]:
             return Variant("ssgd", "ssgd")
         if parts == ["odsgd"]:
             return Variant("odsgd", "odsgd", k=1)
+        if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and parts[2] == "auto":
+            return Variant(f"ssd-{parts[1]}-kauto", "ssd", comm=parts[1], k="auto")   # --delay auto
         if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and int(parts[2]) >= 1:
             return Variant(f"ssd-{parts[1]}-k{int(parts[2])}", "ssd", comm=parts[1], k=int(parts[2]))
         if parts[0] == "localsgd" and len(parts) == 2 and int(parts[1]) >= 1:
@@ -120,7 +123,7 @@ def parse_variant(spec: str) -> Variant:
     except ValueError:
         pass
     raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K "
-                    "or localsgd:K (K a positive integer)")
+                    "or localsgd:K (K a positive integer; ssd also takes auto)")
 
 
 def default_variants(ks) -> list:
@@ -409,7 +412,7 @@ def add_arguments(parser) -> None:
     deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
-                             "ssd:step:K, localsgd:K")
+                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto)")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "

@@ -1,0 +1,168 @@
+"""``--delay auto`` on N MPI ranks (tests/run.py: 1, 2 and 4).
+
+The oracle: auto changes only WHEN k is fixed, never the math, so a run with ``--delay auto``
+must equal, bit for bit, the run with the fixed ``--delay K`` it chose; and every rank must
+choose the same K. Timings are real in the first test (whatever K this machine gives) and
+injected in the others (rank-dependent and noisy, so that each rank's own measurements would
+choose differently; injected per process, so a resumed run that measured again would choose
+another K and be caught).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ssdmpi.algos import AlgoConfig, auto_delay, build_algorithm
+from ssdmpi.algos.auto_delay import DelayMeter, choose_delay
+from ssdmpi.cli import main
+from ssdmpi.data import ShardedLoader as Loader
+from ssdmpi.errors import REQUEUE_EXIT
+from tests.mpi.test_algos import B, communicator, dataset, tiny_mlp  # noqa: F401 (communicator: a fixture)
+from tests.mpi.test_resume import all_ranks, arrays, newest_checkpoint, shared_tmpdir
+
+SETTINGS = [dict(algo="ssd", comm="period", period_rule="delta-own"),
+            dict(algo="ssd", comm="period", period_rule="replay"),
+            dict(algo="ssd", comm="step", local_update="glu-paper"),
+            dict(algo="localsgd")]
+WARMUP = 8
+
+
+def inject(monkeypatch, compute_s: float, allreduce_s: float, seed: int = 0, skew: float = 0.01, noise: float = 0.02):
+    """Make every rank's meter see these times: compute slower by ``skew`` per rank, both times
+    with uniform noise of +-``noise``."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    rng = np.random.default_rng(seed + 17 * rank)
+    original = DelayMeter.add
+
+    def add(self, c, T):
+        original(self, compute_s * (1 + skew * rank) * rng.uniform(1 - noise, 1 + noise),
+                 allreduce_s * rng.uniform(1 - noise, 1 + noise))
+
+    monkeypatch.setattr(DelayMeter, "add", add)
+
+
+def trajectory(cfg, comm, steps_after_switch):
+    """Run ``cfg`` to the switch plus ``steps_after_switch(k)`` steps (k is known only at the switch);
+    return the algorithm and every step's W and L."""
+    N, rank = comm.size, comm.rank
+    x, y = dataset()
+    algo = build_algorithm(cfg, tiny_mlp()(), comm)
+    loader = Loader(x, y, B, rank, N, seed=3)
+    out = []
+    while algo.t < WARMUP or algo.t < WARMUP + steps_after_switch(algo.k):
+        algo.step(*loader.next_batch())
+        L = algo.local_weights()
+        out.append((algo.global_weights().copy(), None if L is None else L.copy()))
+    return algo, out
+
+
+def auto_equals_fixed(cfg, comm):
+    """Run auto, then the fixed k it chose: every step's W and L bitwise equal; return (k, auto)."""
+    auto, got = trajectory(AlgoConfig(delay="auto", warmup_steps=WARMUP, lr=0.05, **cfg), comm, lambda k: 4 * k + 2)
+    k = auto.k
+    assert all_ranks(k) == [k] * comm.size, "ranks chose different k"
+    assert auto.delay_choice.k == k and auto.delay_choice.step == WARMUP
+    _, want = trajectory(AlgoConfig(delay=k, warmup_steps=WARMUP, lr=0.05, **cfg), comm, lambda _: 4 * k + 2)
+    assert len(got) == len(want) == WARMUP + 4 * k + 2
+    for t, ((W, L), (W0, L0)) in enumerate(zip(got, want)):
+        assert np.array_equal(W, W0), f"W differs at t={t} (k={k})"
+        assert (L is None and L0 is None) or np.array_equal(L, L0), f"L differs at t={t} (k={k})"
+    return k, auto
+
+
+@pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(d.values()))
+def test_auto_with_real_timings_equals_the_fixed_k_it_chose(communicator, cfg):  # noqa: F811
+    auto_equals_fixed(cfg, communicator)
+
+
+@pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(d.values()))
+def test_noisy_ranks_agree_on_one_k_and_auto_equals_that_fixed_k(communicator, cfg, monkeypatch):  # noqa: F811
+    # compute 10, 11, 12, 13 ms on ranks 0-3, allreduce 48.5 ms: alone, rank 3 would choose 4, the others 5
+    inject(monkeypatch, compute_s=0.010, allreduce_s=0.0485, skew=0.1)
+    k, auto = auto_equals_fixed(cfg, communicator)
+    own = all_ranks(choose_delay(auto._meter.summary()["c"], auto._meter.summary()["T"]))
+    assert k == min(own) and k in (4, 5)
+    if communicator.size == 4:
+        assert len(set(own)) > 1, f"the ranks' own medians should disagree here: {own}"
+
+
+# --- ssdmpi train: resume, records ----------------------------------------------------------
+
+K_FIRST, K_OTHER = 3, 6      # what the injected times choose before / after the stop
+S = 2 * (WARMUP + 3 * K_FIRST + 2)          # 38: S/2 = 19 is m = 11, two steps into a period
+ARGS = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
+        "--seed", "5", "--eval-every", "0", "--log-every", "1000", "--keep-checkpoints", "0", "--no-progress-bar",
+        "--algo", "ssd", "--comm", "period", "--warmup-steps", str(WARMUP), "--steps", str(S)]
+
+
+def times_for(k: int) -> tuple:
+    """(compute, allreduce) seconds that ``inject``'s default skew and noise turn into ``k`` at 1-4 ranks
+    (T / c stays within (k - 1, k]: 5.5 * 0.98 / (1.03 * 1.02) > 5 for k = 6)."""
+    return 0.010, 0.010 * (k - 0.5)
+
+
+def same_final_state(a: str, b: str) -> list:
+    """Arrays of the final checkpoints that differ, leaving out the measurements themselves."""
+    A = arrays(os.path.join(a, "checkpoints", newest_checkpoint(a)))
+    Bs = arrays(os.path.join(b, "checkpoints", newest_checkpoint(b)))
+    names = sorted(n for n in set(A) | set(Bs) if "auto." not in n)
+    return [n for n in names if n not in A or n not in Bs or not np.array_equal(A[n], Bs[n])] or \
+        ([] if names else ["no arrays"])
+
+
+def delay_records(run_dir: str) -> list:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == "delay"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stop_at", [S // 2, WARMUP - 3], ids=["after-the-choice", "inside-the-warm-up"])
+def test_a_two_part_auto_run_equals_one_fixed_run_and_resume_keeps_k(monkeypatch, stop_at):
+    """Stopped after the choice, the resumed run keeps k (a new measurement would give K_OTHER); stopped
+    inside the warm-up, it measures on with the checkpointed samples (5 of the 8 say K_FIRST, so the
+    medians do). Either way the result is bitwise the fixed --delay K_FIRST run."""
+    size, ok = MPI.COMM_WORLD.Get_size(), [0] * MPI.COMM_WORLD.Get_size()
+    for k in (K_FIRST, K_OTHER):
+        c, T = times_for(k)
+        assert choose_delay(c * 1.03 * 1.02, T * 0.98) == k == choose_delay(c * 0.98, T * 1.02)
+    tmp = shared_tmpdir()
+    fixed, split = os.path.join(tmp, "fixed"), os.path.join(tmp, "split")
+    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", str(K_FIRST)] + ARGS)) == ok
+
+    inject(monkeypatch, *times_for(K_FIRST), seed=1)
+    codes = all_ranks(main(["train", "--run-dir", split, "--delay", "auto", "--stop-at-step", str(stop_at)] + ARGS))
+    assert codes == [REQUEUE_EXIT] * size
+    inject(monkeypatch, *times_for(K_OTHER), seed=2)       # what a second measurement would see
+    assert all_ranks(main(["train", "--run-dir", split, "--delay", "auto", "--resume", "auto"] + ARGS)) == ok
+
+    want = K_FIRST
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        records = delay_records(split)
+        assert [r["delay"] for r in records] == [want] and records[0]["step"] == WARMUP
+        with open(os.path.join(split, "summary.json")) as f:
+            summary = json.load(f)
+        assert summary["delay_auto"]["delay"] == want and summary["config"]["delay"] == "auto"
+        with open(os.path.join(split, "config.yaml")) as f:
+            text = f.read()
+        assert "\ndelay: auto\n" in text and f"# delay auto: k = {want} " in text
+    diff = MPI.COMM_WORLD.bcast(same_final_state(fixed, split) if MPI.COMM_WORLD.Get_rank() == 0 else None)
+    assert diff == [], f"the auto run is not bitwise the fixed --delay {K_FIRST} run: {diff}"
+
+
+@pytest.mark.timeout(300)
+def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch):
+    """The samples before the stop are checkpointed: the resumed run's medians include them."""
+    size = MPI.COMM_WORLD.Get_size()
+    tmp = shared_tmpdir()
+    run = os.path.join(tmp, "run")
+    seen = []
+    original = auto_delay.decide
+    monkeypatch.setattr(auto_delay, "decide", lambda agreed, step: seen.append(agreed) or original(agreed, step))
+    inject(monkeypatch, *times_for(2), seed=3)
+    assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--stop-at-step", "5"] + ARGS)) == \
+        [REQUEUE_EXIT] * size
+    assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--resume", "auto"] + ARGS)) == [0] * size
+    assert len(seen) == 1 and seen[0]["fewest"] == -WARMUP     # 5 steps before the stop + 3 after

@@ -1,0 +1,186 @@
+"""``--delay auto`` (ssdmpi/algos/auto_delay.py): the pure choice, the meter, the agreement over
+ranks (simulated), and the settings it refuses. The MPI side is tests/mpi/test_auto_delay.py."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from ssdmpi.algos import AlgoConfig
+from ssdmpi.algos.auto_delay import DELAY_RANGE, MIN_WARMUP_STEPS, WINDOW, DelayChoice, DelayMeter, choose_delay, decide
+from ssdmpi.errors import UserError
+
+# --- choose_delay --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("c, T, k", [
+    (0.1, 0.0, 1),          # nothing to hide
+    (0.1, 0.05, 1),         # a fast network: the allreduce hides behind one step
+    (0.1, 0.1, 1),          # exactly one step
+    (0.1, 0.1000001, 2),
+    (0.1, 0.3, 3),          # 3 * 0.1 = 0.30000000000000004 >= 0.3 (T / c = 2.9999999999999996)
+    (0.1, 0.7, 7),          # T / c = 6.999999999999999
+    (0.085, 1.29, 16),      # BENCHMARKS.md's 1 Gbit/s case: 85 ms compute, 1.29 s allreduce
+    (0.085, 0.129, 2),      # the same model at 10 Gbit/s
+    (0.001, 1.0, 32),       # never hidden within the bound: the longest delay
+    (1e-320, 1.0, 32),      # T / c overflows
+])
+def test_choose_delay_is_the_smallest_k_that_hides_the_allreduce(c, T, k):
+    assert choose_delay(c, T) == k
+
+
+def test_choose_delay_meets_its_definition_exactly_in_floating_point():
+    rng = random.Random(7)
+    for _ in range(20000):
+        c = 10 ** rng.uniform(-4, 0)
+        T = c * rng.choice([rng.uniform(0, 40), float(rng.randint(1, 40))])   # exact multiples too
+        k = choose_delay(c, T)
+        assert 1 <= k <= 32
+        if k < 32:
+            assert k * c >= T, (c, T, k)
+        if k > 1:
+            assert (k - 1) * c < T, (c, T, k)
+
+
+def test_choose_delay_bounds():
+    assert choose_delay(0.1, 0.0, lo=3, hi=8) == 3
+    assert choose_delay(0.1, 0.5, lo=3, hi=8) == 5
+    assert choose_delay(0.1, 5.0, lo=3, hi=8) == 8
+    assert DELAY_RANGE == (1, 32)
+
+
+@pytest.mark.parametrize("c, T", [(0.0, 1.0), (-1.0, 1.0), (0.1, -0.1), (math.nan, 1.0), (0.1, math.inf)])
+def test_choose_delay_rejects_nonsense(c, T):
+    with pytest.raises(ValueError):
+        choose_delay(c, T)
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 32), (5, 4), (1.0, 32)])
+def test_choose_delay_rejects_bad_bounds(lo, hi):
+    with pytest.raises(ValueError):
+        choose_delay(0.1, 0.5, lo=lo, hi=hi)
+
+
+# --- the meter and the agreement ------------------------------------------------------------
+
+def agree(meters, step=10):
+    """What every rank gets: each meter's summary reduced with max, as allreduce_scalars does."""
+    summaries = [m.summary() for m in meters]
+    agreed = {key: max(s[key] for s in summaries) for key in summaries[0]}
+    return [decide(agreed, step) for _ in meters]
+
+
+def test_noisy_ranks_that_would_choose_differently_alone_agree_on_one_k():
+    rng = np.random.default_rng(0)
+    meters, alone = [], set()
+    for rank in range(4):
+        m = DelayMeter()
+        c0 = 0.010 * (1 + 0.1 * rank)           # ranks differ in speed
+        for _ in range(30):
+            m.add(c0 * rng.uniform(0.9, 1.1), 0.0485 * rng.uniform(0.9, 1.1))
+        meters.append(m)
+        s = m.summary()
+        alone.add(choose_delay(s["c"], s["T"]))
+    assert len(alone) > 1, "the test needs ranks whose own medians choose different k"
+    choices = agree(meters)
+    assert len({c.k for c in choices}) == 1
+    slowest = max(m.summary()["c"] for m in meters)
+    assert choices[0].compute_s == slowest and choices[0].k == choose_delay(slowest, choices[0].allreduce_s)
+
+
+def test_median_of_the_last_window_ignores_a_cold_first_step_and_a_pause():
+    m = DelayMeter()
+    m.add(5.0, 9.0)                              # cold first step
+    for i in range(WINDOW + 5):
+        m.add(0.1, 0.45 if i != 12 else 30.0)    # one pause in the allreduce
+    assert len(m.samples) == WINDOW
+    (choice,) = agree([m], step=25)
+    assert (choice.k, choice.compute_s, choice.allreduce_s, choice.samples, choice.step) == (5, 0.1, 0.45, WINDOW, 25)
+
+
+def test_fewest_samples_is_reported_and_a_zero_compute_clock_gives_the_longest_delay():
+    a, b = DelayMeter(), DelayMeter()
+    for _ in range(3):
+        a.add(0.0, 0.2)
+    for _ in range(7):
+        b.add(0.0, 0.1)
+    choice = agree([a, b])[0]
+    assert choice.samples == 3 and choice.k == DELAY_RANGE[1]
+    assert decide({"c": 0.0, "T": 0.0, "fewest": -5}, 5).k == DELAY_RANGE[0]
+
+
+def test_meter_and_choice_round_trip_through_their_state():
+    m = DelayMeter()
+    assert m.state_dict() == {}
+    for i in range(4):
+        m.add(0.1 * i, 0.2 * i)
+    again = DelayMeter()
+    again.load_state_dict(m.state_dict())
+    assert again.samples == m.samples
+    choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20)
+    assert DelayChoice.from_state(choice.state()) == choice
+    record = choice.record()
+    assert record["kind"] == "delay" and record["delay"] == 7 and record["step"] == 40
+    assert "k = 7" in choice.text()
+
+
+# --- settings --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings, words", [
+    (dict(algo="ssgd"), "does not apply to --algo ssgd"),
+    (dict(algo="asgd"), "does not apply to --algo asgd"),
+    (dict(algo="odsgd"), "odsgd is ssd with --delay 1"),
+    (dict(algo="ssd", warmup_steps=0), f"needs --warmup-steps >= {MIN_WARMUP_STEPS} (got 0)"),
+    (dict(algo="localsgd", warmup_steps=MIN_WARMUP_STEPS - 1), "lengthen the warm-up"),
+])
+def test_auto_is_refused_where_it_cannot_apply(settings, words):
+    with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        AlgoConfig(delay="auto", **settings).validate(world_size=2)
+
+
+@pytest.mark.parametrize("settings", [dict(algo="ssd"), dict(algo="ssd", comm="step"), dict(algo="localsgd"),
+                                      dict(algo="ssd", comm="period", period_rule="replay")])
+def test_auto_is_kept_by_validate_for_algorithms_with_a_delay(settings):
+    cfg = AlgoConfig(delay="auto", warmup_steps=MIN_WARMUP_STEPS, **settings).validate(world_size=2)
+    assert cfg.delay == "auto"
+
+
+def test_other_strings_are_still_refused():
+    with pytest.raises(UserError, match="integer >= 1"):
+        AlgoConfig(delay="fast", warmup_steps=50).validate(world_size=2)
+
+
+# --- ssdmpi train: bad input is one line, exit 2 ---------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--delay", "auto", "--warmup-steps", "0"], "--delay auto measures compute and allreduce times during the SSGD "
+                                                 "warm-up and needs --warmup-steps >= 5 (got 0)"),
+    (["--delay", "auto", "--warmup-epochs", "0.001"], "needs --warmup-steps >= 5 (got 0)"),
+    (["--algo", "ssgd", "--delay", "auto"], "--delay does not apply to --algo ssgd"),
+    (["--algo", "asgd", "--delay", "auto"], "--delay does not apply to --algo asgd"),
+])
+def test_bad_auto_settings_are_one_line_and_exit_2(args, needle):
+    from tests.conftest import run_cli
+    from tests.unit.test_train_cli import assert_one_line_error
+
+    assert_one_line_error(run_cli(["train", "--no-progress-bar"] + args, ranks=2, timeout=120), needle)
+
+
+def test_bench_train_knows_the_auto_variant():
+    from ssdmpi.bench.train import parse_variant
+
+    v = parse_variant("ssd:period:auto")
+    assert (v.name, v.train_flags()) == ("ssd-period-kauto", ["--algo", "ssd", "--comm", "period", "--delay", "auto"])
+    assert parse_variant("ssd:step:auto").train_flags()[-2:] == ["--delay", "auto"]
+    with pytest.raises(UserError, match="ssd also takes auto"):
+        parse_variant("localsgd:auto")
+
+
+def test_summary_text_names_the_chosen_k():
+    from ssdmpi.metrics import summary_text
+
+    choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20)
+    text = summary_text({"algo": "ssd", "step": 100, "delay_auto": choice.record()})
+    assert "delay auto: k = 7 (chosen at step 40: compute 80.0 ms, allreduce 500.0 ms per step)" in text
+    assert "delay auto" not in summary_text({"algo": "ssd", "step": 100})
