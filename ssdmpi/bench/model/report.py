@@ -15,6 +15,9 @@ def report(measured: dict, result: dict, net: str) -> str:
     out = [f"## Alpha-beta model: {m['model']} ({m['num_params']:,} parameters, {m['grad_bytes'] / MB:.1f} MB "
            f"of float32 gradients), batch {m['batch_size']}/rank, {m['ranks']} ranks, network {net}", ""]
     fit_mb = ", ".join(f"{n / MB:g}" for n in m["fit_bytes"])
+    if r.get("fit_from_file"):
+        # Every measured point of this run is held out: the link comes from an earlier run.
+        fit_mb = f"{r['fit_ranks']} ranks (--fit-from: alpha, beta and the overlap slowdowns of that run)"
     out += [f"Fit on {fit_mb} MB: T_2(S) = {r['fit_a_s'] * 1e3:.3f} ms + S / ({r['effective_gbit']:.3f} Gbit/s)"
             if r["effective_gbit"]
             else f"Fit on {fit_mb} MB: a = {r['fit_a_s']:.3g} s, b = {r['fit_b_s_per_byte']:.3g} s/B",
