@@ -189,7 +189,7 @@ def test_fit_from_a_file_without_the_link_is_a_one_line_error(tmp_path):
 # --- staleness in the bench train table -------------------------------------------------------
 
 def test_staleness_is_the_step_weighted_mean_of_the_delay_stage(tmp_path):
-    from ssdmpi.bench.train import markdown_table, run_metrics, summarise, parse_variant
+    from ssdmpi.bench.train import markdown_table, parse_variant, run_metrics, summarise
     from ssdmpi.plot import load_run
 
     run_dir = tmp_path / "asgd-s1"
