@@ -21,6 +21,10 @@ Variants (``--variants``, comma separated; ``k`` applies to all but ``ssgd``)::
     period/delta-own        ssd --comm period --period-rule delta-own
     period/replay           ssd --comm period --period-rule replay --local-update global-momentum
     localsgd                blocking periodic averaging, local momentum
+    asgd                    --algo asgd --servers 1 --asgd-order round-robin (no k): N workers
+                            plus one parameter server, the server applying the N pushes of
+                            an iteration in worker order (``ASGDSimulation``); like ssgd it
+                            has no k, so it has one column per row
 
 Outputs: a Markdown table on stdout (rows model x N; columns variant x k; cells
 ``accuracy% [difference to ssgd of the row, points]``); with ``--out DIR`` also
@@ -48,7 +52,10 @@ VARIANTS = {
     "period/delta-own": dict(algo="ssd", comm="period", period_rule="delta-own"),
     "period/replay": dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
     "localsgd": dict(algo="localsgd"),
+    "asgd": dict(algo="asgd", servers=1, asgd_order="round-robin"),
 }
+# Variants without a delay/period k: one configuration (k = 0) and one column per row.
+NO_DELAY = ("ssgd", "asgd")
 DEFAULT_VARIANTS = ("ssgd", "step/global-momentum", "step/glu-paper", "step/sgd", "period/delta-own", "localsgd")
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
@@ -151,9 +158,9 @@ def parse(args) -> tuple[list[dict], dict]:
         for k in k_order:
             for n in ranks:
                 for v in variants:
-                    if v == "ssgd" and k != k_order[0]:
+                    if v in NO_DELAY and k != k_order[0]:
                         continue
-                    configs.append(dict(model=model, N=n, variant=v, k=0 if v == "ssgd" else k,
+                    configs.append(dict(model=model, N=n, variant=v, k=0 if v in NO_DELAY else k,
                                         epochs=epochs[model], **settings))
     return configs, epochs
 
@@ -193,15 +200,16 @@ def run_config(cfg: dict, data_path: str | None = None) -> dict:
     def factory():
         return build_model(model, ds.input_shape, ds.num_classes, seed=cfg["seed"], **options)
 
+    # N = the workers that train on data (asgd's server is an extra rank: world N + servers).
     loaders = [ShardedLoader(x, y, cfg["batch_size"], r, n, cfg["seed"]) for r in range(n)]
     steps = max(1, int(round(cfg["epochs"] * loaders[0].steps_per_epoch)))
     algo = dict(VARIANTS[cfg["variant"]])
-    if cfg["variant"] != "ssgd":
+    if cfg["variant"] not in NO_DELAY:
         algo["delay"] = cfg["k"]
     config = AlgoConfig(lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"],
                         warmup_steps=cfg["warmup_steps"], **algo)
     start = time.perf_counter()
-    sim = simulate(config, factory, loaders, steps)
+    sim = simulate(config, factory, loaders, steps, world_size=n + algo.get("servers", 0))
     acc_noflush, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
     sim.finalize()
     acc, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
@@ -215,8 +223,8 @@ def run_config(cfg: dict, data_path: str | None = None) -> dict:
 def table(rows: list[dict], models, ranks, variants, delays) -> str:
     """Markdown: rows model x N, columns variant x k; ``acc [acc - ssgd of the row]``, '—' if not run."""
     acc = {(r["model"], int(r["N"]), r["variant"], int(r["k"])): float(r["acc_W"]) for r in rows}
-    columns = [(v, 0) if v == "ssgd" else (v, k) for v in variants for k in ([0] if v == "ssgd" else delays)]
-    head = ["model", "N"] + ["ssgd" if v == "ssgd" else f"{v} k={k}" for v, k in columns]
+    columns = [(v, k) for v in variants for k in ([0] if v in NO_DELAY else delays)]
+    head = ["model", "N"] + [v if v in NO_DELAY else f"{v} k={k}" for v, k in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model in models:
         for n in ranks:
@@ -320,7 +328,7 @@ def run(args) -> int:
     def record(row):
         rows.append(row)
         print(f"[{len(rows) - len(done)}/{total}] {row['model']} N={row['N']} {row['variant']}"
-              f"{'' if row['variant'] == 'ssgd' else ' k=' + str(row['k'])}: {row['acc_W']:.2f}% "
+              f"{'' if row['variant'] in NO_DELAY else ' k=' + str(row['k'])}: {row['acc_W']:.2f}% "
               f"({row['seconds']} s)", file=sys.stderr, flush=True)
         if args.out:
             _append_csv(args.out, row)

@@ -5,7 +5,12 @@ a subprocess::
 
     bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2 python -m ssdmpi train --run-dir OUT/runs/NAME ...
 
-(``--net none``: plain ``mpiexec`` over shared memory). Variants run one after another in
+(``--net none``: plain ``mpiexec`` over shared memory; ``--nodes N``: on a namespaced cluster of
+N nodes, ``--ranks-per-node`` ranks each, every node's NIC limited to ``--net`` --
+``bin/ssdmpi-cluster run --nodes N --ranks-per-node R --nic RATE -- python -m ssdmpi train ...``,
+``ssdmpi.bench.launch``). ``asgd:S`` runs its ``S`` servers on ranks of their own, after
+the ``--ranks`` workers (with ``--nodes``: on ``S`` more nodes, one rank each, so a server
+has a NIC of its own, as a parameter server would). Variants run one after another in
 the order given and, with ``--repeats R``, the whole list is repeated R times (interleaved,
 so slow drift of a shared machine hits every variant alike); tables use each variant's
 median over repeats. Then every run directory is parsed (``ssdmpi.plot.load_run``) and
@@ -25,6 +30,8 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
 - compute / in-flight / exposed wait, bytes sent: per-step means as the trainer logs them
   (``ssdmpi/metrics.py``), weighted by the steps each record covers (a ``--comm period``
   run sends one allreduce every k steps, so its per-step bytes are 1/k of ssgd's);
+- mean staleness (asgd): the servers' version minus the version each applied gradient was
+  computed on, mean over the delay-stage updates (``staleness_mean``, weighted by steps);
 - speedup: samples/s over ssgd's (the first ssgd variant; blank without one);
 - train s: wall-clock seconds spent in training steps (the trainer's ``train_s``: the
   evaluations and checkpoints, identical bookkeeping for every algorithm, are left out);
@@ -50,14 +57,23 @@ import csv
 import io
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ssdmpi.bench.flags import deprecated_alias
-from ssdmpi.bench.launch import NETNS, ROOT, check_network, mpiexec
+from ssdmpi.bench.launch import (
+    NETNS,
+    add_node_arguments,
+    check_cluster,
+    check_network,
+    cluster_command,
+    cluster_env,
+    mpiexec,
+    node_ranks,
+    run_bounded,
+)
 from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
@@ -83,6 +99,7 @@ COLUMNS = (
     ("wall_s", "train s"),
     ("tta_s", "time to target s"),
     ("tta_ratio", "tta / ssgd wall"),
+    ("staleness", "mean staleness"),
     ("status", "status"),
 )
 
@@ -95,9 +112,12 @@ class Variant:
     algo: str
     comm: str | None = None
     k: int | str | None = None   # "auto": --delay auto
+    servers: int | None = None     # asgd: parameter-server ranks, on top of the workers
 
     def train_flags(self) -> list:
         flags = ["--algo", self.algo]
+        if self.servers is not None:
+            flags += ["--servers", str(self.servers)]
         if self.comm:
             flags += ["--comm", self.comm]
         if self.k is not None and self.algo in ("ssd", "localsgd"):
@@ -120,10 +140,20 @@ def parse_variant(spec: str) -> Variant:
             return Variant(f"ssd-{parts[1]}-k{int(parts[2])}", "ssd", comm=parts[1], k=int(parts[2]))
         if parts[0] == "localsgd" and len(parts) == 2 and int(parts[1]) >= 1:
             return Variant(f"localsgd-k{int(parts[1])}", "localsgd", k=int(parts[1]))
+        if parts[0] == "asgd" and len(parts) <= 2:
+            return asgd_variant(parts)
     except ValueError:
         pass
-    raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K "
-                    "or localsgd:K (K a positive integer; ssd also takes auto)")
+    raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K, "
+                    "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto; S servers)")
+
+
+def asgd_variant(parts: list) -> Variant:
+    """``asgd`` (1 server) | ``asgd:S`` -> the asgd Variant (``ValueError`` on a bad S)."""
+    servers = int(parts[1]) if len(parts) == 2 else 1
+    if servers < 1:
+        raise ValueError(servers)
+    return Variant(f"asgd-s{servers}", "asgd", servers=servers)
 
 
 def default_variants(ks) -> list:
@@ -176,10 +206,18 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
              "--no-progress-bar"]
     train += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs)]
     train += variant.train_flags() + shlex.split(args.train_args or "")
-    cmd = [mpiexec(), "-n", str(args.ranks)] + train
+    if getattr(args, "nodes", None):
+        return _cluster_launch(variant, train, args)
+    cmd = [mpiexec(), "-n", str(args.ranks + (variant.servers or 0))] + train
     if args.net != "none":
         cmd = [str(NETNS), "--rate", args.net, "--"] + cmd
     return cmd
+
+
+def _cluster_launch(variant: Variant, train: list, args) -> list:
+    """``train`` on ``--nodes`` nodes x ``--ranks-per-node`` (asgd: plus one node per server)."""
+    per_node = args.ranks_per_node or 1
+    return cluster_command(train, args.nodes + (variant.servers or 0), per_node, args.net)
 
 
 # ----------------------------------------------------------------------------- results
@@ -192,6 +230,22 @@ def _per_step_means(run):
     return per_step_means(run, PER_STEP)
 
 
+def _staleness(run):
+    """asgd's mean staleness over the delay-stage records, weighted by the steps each covers
+    (None for the other algorithms, which log none)."""
+    from ssdmpi.plot import get, number
+
+    steady = {id(r) for r in run.steady_steps()}
+    total = steps = 0.0
+    prev = 0.0
+    for r in run.steps:
+        step, value = number(get(r, "step")), number(get(r, "staleness_mean"))
+        n, prev = (step - prev if step is not None else 0), (step if step is not None else prev)
+        if value is not None and n > 0 and id(r) in steady:
+            total, steps = total + value * n, steps + n
+    return total / steps if steps else None
+
+
 def run_metrics(run) -> dict:
     """The raw per-run numbers of one parsed run (``ssdmpi.plot.Run``), before comparison."""
     from ssdmpi.plot import get, number
@@ -202,8 +256,8 @@ def run_metrics(run) -> dict:
         wall = number(get(run.evals[-1], "train_time"))
     if wall is None:
         wall = number(get(run.summary, "train_time"))
-    return {"samples_per_s": run.throughput(), **means, "final_acc": run.final_accuracy(), "wall_s": wall,
-            "run": run}
+    return {"samples_per_s": run.throughput(), **means, "staleness": _staleness(run),
+            "final_acc": run.final_accuracy(), "wall_s": wall, "run": run}
 
 
 def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> list:
@@ -221,7 +275,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
             rows.append(row)
             continue
         m = {key: median([r.get(key) for r in results]) for key in
-             ("samples_per_s", *PER_STEP, "final_acc", "wall_s")}
+             ("samples_per_s", *PER_STEP, "final_acc", "wall_s", "staleness")}
         m["runs"] = [r["run"] for r in results]
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
@@ -241,6 +295,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         row["final_acc"] = None if m["final_acc"] is None else 100 * m["final_acc"]
         row["wall_s"] = m["wall_s"]
         row.update(breakdown_ms(m))
+        row["staleness"] = m["staleness"]
         if base is not None:
             if base["samples_per_s"] and m["samples_per_s"]:
                 row["speedup"] = m["samples_per_s"] / base["samples_per_s"]
@@ -357,7 +412,7 @@ def _fmt(key, value) -> str:
             return f"{value:.3f}"
         if key == "acc_delta":
             return f"{value:+.2f}"
-        if key in ("mb_per_step",):
+        if key in ("mb_per_step", "staleness"):
             return f"{value:.3f}"
         if key in ("final_acc", "compute_ms", "inflight_ms", "wait_ms", "wall_s", "tta_s") or key.endswith("_ms"):
             return f"{value:.2f}" if value < 100 else f"{value:.1f}"
@@ -406,13 +461,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--net", default="1gbit", metavar="RATE|none",
                         help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
                              "'none': shared memory, no namespace (default 1gbit)")
-    parser.add_argument("--ranks", type=int, default=2, help="MPI ranks per run (default 2)")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="MPI ranks per run (default 2; asgd's servers come on top)")
+    add_node_arguments(parser)
     delays = parser.add_argument("--delays", default="5", metavar="K1,K2",
                                  help="delays/periods k for the default variants (default 5)")
     deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
-                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto)")
+                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto), "
+                             "asgd:S (S parameter servers, on ranks of their own)")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "
@@ -437,6 +495,7 @@ def add_arguments(parser) -> None:
 
 
 def _validate(args) -> list:
+    args.ranks = node_ranks(args, 2)
     if args.ranks < 1:
         raise UserError(f"--ranks must be >= 1, got {args.ranks}")
     if args.repeats < 1:
@@ -457,10 +516,24 @@ def _validate(args) -> list:
         variants = [parse_variant(v) for v in args.variants.split(",")]
     else:
         variants = default_variants(_delays(args.delays))
+    _check_nodes(args, variants)
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise UserError(f"--variants lists a variant twice: {', '.join(names)}")
     return variants
+
+
+def _check_nodes(args, variants) -> None:
+    """``--nodes`` with asgd: a server takes a node of its own, so one rank per node."""
+    if args.nodes and (args.ranks_per_node or 1) > 1 and any(v.servers for v in variants):
+        raise UserError("asgd with --nodes puts each server on a node of its own: use --ranks-per-node 1")
+
+
+def _where(args) -> str:
+    """Where the ranks run, for the table header and figure titles."""
+    if args.nodes:
+        return f"{args.nodes} nodes x {args.ranks_per_node or 1} rank(s), NIC {args.net}"
+    return f"{args.ranks} ranks, net {args.net}"
 
 
 def run(args) -> int:
@@ -477,7 +550,7 @@ def run(args) -> int:
             print(shlex.join(launch_command(v, run_dir, args)))
         return 0
     if not args.reuse:
-        check_network(args.net)
+        check_cluster() if args.nodes else check_network(args.net)
         existing = [str(d) for _, _, d in jobs if d.exists()]
         if existing:
             raise UserError(f"{existing[0]} already exists; choose a new --out, remove it, or pass --reuse")
@@ -490,6 +563,7 @@ def run(args) -> int:
     results, failures = {}, 0
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+    env = cluster_env(env) if args.nodes else env
     for v, _rep, run_dir in jobs:
         status = None
         if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
@@ -498,11 +572,7 @@ def run(args) -> int:
             start = time.monotonic()
             log = out / "logs" / f"{run_dir.name}.log"
             with open(log, "w") as f:
-                try:
-                    rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                        timeout=args.timeout).returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
+                rc = run_bounded(cmd, env, args.timeout, stdout=f, cluster=bool(args.nodes))
             print(f"[bench train] {run_dir.name}: exit {rc} after {time.monotonic() - start:.0f}s (log {log})",
                   flush=True)
             if rc != 0:
@@ -521,7 +591,7 @@ def run(args) -> int:
     rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
     md, text_csv = markdown_table(rows), csv_table(rows)
     dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
-    header = (f"<!-- ssdmpi bench train: {args.model} on {dataset}, {args.ranks} ranks, net {args.net}, "
+    header = (f"<!-- ssdmpi bench train: {args.model} on {dataset}, {_where(args)}, "
               f"batch {args.batch_size}/rank, lr {args.lr}, "
               f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps} -->\n")
     md += "\n" + breakdown_table(rows, bound_note(rows))
@@ -529,7 +599,7 @@ def run(args) -> int:
     _write_new(out / "results.csv", text_csv)
     runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
     if runs:
-        make_figures(runs, out / "figures", title=f"{args.model}, {args.ranks} ranks, net {args.net}")
+        make_figures(runs, out / "figures", title=f"{args.model}, {_where(args)}")
     print(md, end="")
     print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'figures'}/")
     return 1 if failures else 0

@@ -164,3 +164,58 @@ def test_out_must_not_be_a_file(tmp_path):
 def test_subset_larger_than_the_data_is_an_error():
     proc = bench(TINY + ["--train-subset", "100000"])
     assert proc.returncode == 2 and "more than the 1437 training samples" in proc.stderr
+
+
+ASGD_CFG = dict(model="mlp", variant="asgd", k=0, dataset="digits", lr=0.05, batch_size=8, epochs=0.5,
+                warmup_steps=4, momentum=0.9, weight_decay=1e-4, train_subset=0, seed=0)
+
+
+def test_asgd_variant_is_the_reference_asgd_with_one_server_in_round_robin_order():
+    """The asgd cell of N = 2 workers is ``ASGDSimulation`` on 3 ranks (2 workers + 1 server),
+    the loaders sharding the data over the 2 workers only."""
+    from ssdmpi.algos import AlgoConfig
+    from ssdmpi.algos.reference import ASGDSimulation, simulate
+    from ssdmpi.data import ShardedLoader, load_dataset
+    from ssdmpi.nn import build_model
+
+    row = accuracy.run_config(dict(ASGD_CFG, N=2))
+    ds = load_dataset("digits")
+    loaders = [ShardedLoader(ds.train_x, ds.train_y, 8, w, 2, 0) for w in range(2)]
+    cfg = AlgoConfig(algo="asgd", servers=1, asgd_order="round-robin", warmup_steps=4, lr=0.05)
+    sim = simulate(cfg, lambda: build_model("mlp", ds.input_shape, ds.num_classes, seed=0, widths=(256,)),
+                   loaders, int(row["steps"]), world_size=3)
+    assert isinstance(sim, ASGDSimulation) and sim.K == 2 and sim.t == int(row["steps"])
+    assert int(row["steps"]) == round(0.5 * (1437 // (8 * 2))) and sim.t > 4     # past the warm-up
+    acc, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
+    assert float(row["acc_W"]) == round(100 * acc, 2)
+
+
+def test_asgd_with_one_worker_is_ssgd_with_one_worker():
+    """ALGORITHM.md 11: with one worker, ASGD is plain momentum SGD, so its cell equals ssgd's."""
+    asgd = accuracy.run_config(dict(ASGD_CFG, N=1))
+    ssgd = accuracy.run_config(dict(ASGD_CFG, N=1, variant="ssgd"))
+    assert asgd["steps"] == ssgd["steps"] > 4
+    assert asgd["acc_W"] == ssgd["acc_W"]
+
+
+def test_asgd_has_one_column_like_ssgd():
+    args = accuracy_args(variants="ssgd,asgd,localsgd", delays="2,5")
+    configs, _ = accuracy.parse(args)
+    assert sorted((c["variant"], c["k"]) for c in configs if c["N"] == 2 and c["model"] == "mlp") == \
+        [("asgd", 0), ("localsgd", 2), ("localsgd", 5), ("ssgd", 0)]
+    rows = [dict(model="mlp", N=2, variant=v, k=k, acc_W=a) for v, k, a in
+            [("ssgd", 0, 80.0), ("asgd", 0, 78.5), ("localsgd", 2, 79.0), ("localsgd", 5, 79.5)]]
+    text = accuracy.table(rows, ["mlp"], [2], ["ssgd", "asgd", "localsgd"], [2, 5])
+    assert text.splitlines()[0] == "| model | N | ssgd | asgd | localsgd k=2 | localsgd k=5 |"
+    assert "| 78.50 [-1.50] |" in text
+
+
+def accuracy_args(**overrides):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    accuracy.add_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args

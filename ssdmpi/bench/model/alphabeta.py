@@ -25,16 +25,37 @@ a rank's link ``beta``; each rank sends ``2 (N-1)/N * S`` bytes in ``2 (N-1)`` m
 
     T_N(S) = 2 (N-1) alpha + 2 (N-1)/N * S * beta
 
+asgd with ``P`` parameter servers and ``K`` workers (``ps_step_time``; ``u``: a server's
+momentum update of the whole buffer, ``u / P`` for its slice; 0 unless given). A worker
+pushes its ``P`` gradient slices (``S`` bytes in all, through its own NIC) and pulls the
+fresh slices, each after its push has arrived and been applied, so push and pull do not
+overlap; a server's NIC carries ``K`` pushes in and ``K`` pulls out of ``S / P`` bytes per
+step, and the server takes the pushes one at a time. With a NIC per rank (``--nodes``)::
+
+    t = max( c + 2 alpha + 2 S beta + u/P ,   K (alpha + S/P beta + u/P) )
+              the worker's own cycle            a server's NIC: K pushes in (and K pulls
+                                                out, the other direction) per step
+
+and on one shared link (a single namespace: every byte of every rank passes ONE qdisc,
+whose per-byte time is ``beta / 2`` in the units of the 2-rank fit below, and the ``2 K S``
+bytes of a step queue on it)::
+
+    t = max( c + 2 alpha + S beta + u/P ,   K S beta )
+
 Fit: at ``N = 2`` this is ``T_2(S) = 2 alpha + S beta = a + b S``; least squares of the
 measured times at ``--fit-sizes`` gives ``a, b`` (so ``alpha = a/2``, ``beta = b``). Every
 other measured point (held-out sizes, all step loops) is a prediction the fit never saw.
+With ``--fit-from FILE`` (``fit_link``) the link comes from an earlier run's JSON instead --
+e.g. fitted on 2 nodes, predicting 4 -- and every point of this run is held out; only its
+compute time ``c`` is this run's (an input, as always).
 
 Planning table (``--plan-ranks`` x ``--plan-gbits``): ``beta = 8 / (eta * B)`` for a link of
 ``B`` bit/s per rank, ``alpha`` from the fit, ``c`` and the overlap slowdowns
 ``c_busy / c``, ``T_busy / T`` measured (or ``--plan-compute-ms``, e.g. a GPU's step time,
 then with perfect overlap). ``eta`` is the link efficiency: on a throttled namespace
 (``--net R``) it is measured, ``eta = 2 * 8 / (b R)`` -- the factor 2 because both ranks' traffic shares the ONE
-``tbf`` qdisc of the loopback, whereas on a real network each rank has its own link;
+``tbf`` qdisc of the loopback, whereas on a real network each rank has its own link
+(on a namespaced cluster, ``--nodes`` with one rank per node, each has: ``eta = 8 / (b R)``);
 ``--plan-efficiency`` overrides it (and must be given for ``--net none``, default 0.9).
 """
 
@@ -97,15 +118,35 @@ def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, comput
     raise ValueError(f"unknown communication pattern {kind!r}")
 
 
+def ps_step_time(compute: float, nbytes: float, workers: int, servers: int, alpha: float, beta: float,
+                 shared_link: bool = False, server_update: float = 0.0) -> float:
+    """Predicted seconds per step of an asgd worker (the module docstring's PS formulas).
+
+    ``nbytes``: the gradient (= weights) bytes; ``beta``: seconds per byte of one rank's link
+    (the fit's); ``shared_link``: all ranks share one link (one namespace's qdisc) instead of
+    a NIC each; ``server_update``: seconds of one server's update of the WHOLE buffer.
+    """
+    if workers < 1 or servers < 1:
+        raise ValueError("asgd needs at least one worker and one server")
+    update = server_update / servers
+    if shared_link:
+        return max(compute + 2 * alpha + nbytes * beta + update, workers * nbytes * beta)
+    worker = compute + 2 * alpha + 2 * nbytes * beta + update
+    server = workers * (alpha + nbytes / servers * beta + update)
+    return max(worker, server)
+
+
 @dataclass(frozen=True)
 class Pattern:
     """A communication pattern measured by a step loop."""
 
     kind: str
-    k: int = 1
+    k: int = 1       # the period; for ``asgd``, the servers
 
     @property
     def name(self) -> str:
+        if self.kind == "asgd":
+            return f"asgd {self.k} server{'s' if self.k > 1 else ''}"
         if self.kind in ("none", "ssgd"):
             return {"none": "compute only", "ssgd": "ssgd"}[self.kind]
         if self.kind == "step":
@@ -114,16 +155,19 @@ class Pattern:
 
 
 def parse_pattern(spec: str) -> Pattern:
-    """``ssgd`` | ``step`` | ``period:K`` | ``localsgd:K`` -> ``Pattern``."""
+    """``ssgd`` | ``step`` | ``period:K`` | ``localsgd:K`` | ``asgd:S`` (S servers) -> ``Pattern``."""
     parts = spec.strip().split(":")
     try:
         if parts in (["ssgd"], ["step"], ["none"]):
             return Pattern(parts[0])
-        if parts[0] in ("period", "localsgd") and len(parts) == 2 and int(parts[1]) >= 1:
+        if parts == ["asgd"]:
+            return Pattern("asgd", 1)
+        if parts[0] in ("period", "localsgd", "asgd") and len(parts) == 2 and int(parts[1]) >= 1:
             return Pattern(parts[0], int(parts[1]))
     except ValueError:
         pass
-    raise UserError(f"--patterns: {spec!r} is not understood; use ssgd, step, period:K or localsgd:K")
+    raise UserError(f"--patterns: {spec!r} is not understood; use ssgd, step, period:K, localsgd:K "
+                    "or asgd:S (S servers)")
 
 
 def percent_error(predicted, measured):
@@ -134,47 +178,81 @@ def percent_error(predicted, measured):
 
 
 
-def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8, 16, 32),
-            plan_gbits=(1, 10, 25, 100), plan_compute_s=None, plan_k: int = 5) -> dict:
-    """Fit on the fit sizes, predict everything else; returns tables as lists of dicts."""
+def fit_link(measured: dict, fit_from: dict | None = None) -> dict:
+    """The link of the model: ``alpha``, ``beta`` (per hop, per byte of one rank's link), the
+    2-rank line ``a + b S`` they came from, and the overlap slowdowns ``c_busy / c`` and
+    ``T_busy / T``; fitted on this run's ``--fit-sizes``, or taken whole from ``fit_from``
+    (an earlier run's ``model`` result, e.g. on 2 nodes), so that nothing of this run but
+    its compute time ``c`` enters the predictions.
+    """
+    if fit_from is not None:
+        keys = ("alpha_s", "beta_s_per_byte", "fit_a_s", "fit_b_s_per_byte", "compute_slowdown", "comm_slowdown",
+                "fit_ranks")
+        return {key: fit_from[key] for key in keys}
     ranks = measured["ranks"]
     times = {int(n): t for n, t in measured["allreduce_s"].items()}
     a, b = fit_alpha_beta(measured["fit_bytes"], [times[n] for n in measured["fit_bytes"]])
-    # Generalise the N-rank fit: T_N = 2(N-1) alpha + 2(N-1)/N S beta.
-    alpha = a / (2 * (ranks - 1))
-    beta = b / (2 * (ranks - 1) / ranks)
-    predict_T = lambda nbytes: ring_allreduce_time(nbytes, ranks, alpha, beta)   # noqa: E731
-
-    sizes = [{"bytes": n, "fitted": n in measured["fit_bytes"], "measured_s": times[n],
-              "predicted_s": predict_T(n), "error_pct": percent_error(predict_T(n), times[n])}
-             for n in sorted(times)]
-
     c = measured["step_s"]["compute only"]
-    c_busy = measured.get("compute_busy_s") or c
-    T = predict_T(measured["grad_bytes"])
     # The overlapped allreduce is measured at the gradient size: keep its ratio to the alone time.
-    T_busy = T * measured["allreduce_busy_s"] / times[measured["grad_bytes"]] \
-        if measured.get("allreduce_busy_s") else T
+    busy = measured.get("allreduce_busy_s")
+    # Generalise the N-rank fit: T_N = 2(N-1) alpha + 2(N-1)/N S beta.
+    return {"alpha_s": a / (2 * (ranks - 1)), "beta_s_per_byte": b / (2 * (ranks - 1) / ranks),
+            "fit_a_s": a, "fit_b_s_per_byte": b, "fit_ranks": ranks,
+            "compute_slowdown": (measured.get("compute_busy_s") or c) / c,
+            "comm_slowdown": busy / times[measured["grad_bytes"]] if busy else 1.0}
+
+
+def _steps(measured: dict, link: dict, c: float, T: float, shared_link: bool) -> list:
+    """The step-pattern table: measured vs predicted seconds per step and speedups."""
+    ranks, alpha, beta = measured["ranks"], link["alpha_s"], link["beta_s_per_byte"]
+    c_busy, T_busy = c * link["compute_slowdown"], T * link["comm_slowdown"]
     ssgd_measured = measured["step_s"].get("ssgd")
     ssgd_predicted = predict_step("ssgd", c, T)
     steps = []
     for kind, k in measured["patterns"]:
         name = Pattern(kind, k).name
-        pred = predict_step(kind, c, T, k, c_busy, T_busy)
+        if kind == "asgd":
+            pred = ps_step_time(c, measured["grad_bytes"], ranks - k, k, alpha, beta, shared_link)
+        else:
+            pred = predict_step(kind, c, T, k, c_busy, T_busy)
         meas = measured["step_s"][name]
         steps.append({"pattern": name, "kind": kind, "k": k, "measured_s": meas, "predicted_s": pred,
                       "error_pct": None if kind == "none" else percent_error(pred, meas),
                       "measured_speedup": ssgd_measured / meas if ssgd_measured else None,
                       "predicted_speedup": ssgd_predicted / pred})
+    return steps
 
+
+def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8, 16, 32),
+            plan_gbits=(1, 10, 25, 100), plan_compute_s=None, plan_k: int = 5, fit_from: dict | None = None,
+            shared_link: bool = True) -> dict:
+    """Fit on the fit sizes (or take ``fit_from``'s link), predict everything else; tables as lists of dicts.
+
+    ``shared_link``: the ranks share one throttled qdisc (``--net`` in one namespace); False
+    with a NIC per rank (``--nodes``, one rank per node).
+    """
+    ranks = measured["ranks"]
+    times = {int(n): t for n, t in measured["allreduce_s"].items()}
+    link = fit_link(measured, fit_from)
+    alpha, beta, b = link["alpha_s"], link["beta_s_per_byte"], link["fit_b_s_per_byte"]
+    predict_T = lambda nbytes: ring_allreduce_time(nbytes, ranks, alpha, beta)   # noqa: E731
+    fitted = set(measured["fit_bytes"]) if fit_from is None else set()
+    sizes = [{"bytes": n, "fitted": n in fitted, "measured_s": times[n],
+              "predicted_s": predict_T(n), "error_pct": percent_error(predict_T(n), times[n])}
+             for n in sorted(times)]
+
+    c = measured["step_s"]["compute only"]
+    T = predict_T(measured["grad_bytes"])
+    steps = _steps(measured, link, c, T, shared_link)
     if efficiency is None:
-        # Both ranks share the loopback's one tbf qdisc: per-rank link efficiency is twice what
-        # a single shared link would suggest (see the module docstring).
-        efficiency = min(1.0, 2 * 8 / (b * rate_bps)) if rate_bps else 0.9
+        # A shared qdisc carries both ranks' traffic: per-rank link efficiency is twice what
+        # a single link would suggest (see the module docstring); a NIC per rank: once.
+        share = 2 if shared_link else 1
+        efficiency = min(1.0, share * 8 / (b * rate_bps)) if rate_bps else 0.9
     c_plan = c if plan_compute_s is None else plan_compute_s
     # A measured c keeps its measured interference; a given one (e.g. a GPU's) overlaps perfectly.
-    slowdown = c_busy / c if plan_compute_s is None else 1.0
-    comm_slowdown = T_busy / T if plan_compute_s is None else 1.0
+    slowdown = link["compute_slowdown"] if plan_compute_s is None else 1.0
+    comm_slowdown = link["comm_slowdown"] if plan_compute_s is None else 1.0
     plan = []
     for n in plan_ranks:
         for gbit in plan_gbits:
@@ -184,8 +262,8 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
             t_ssd = predict_step("period", c_plan, T_n, plan_k, c_plan * slowdown, T_n * comm_slowdown)
             plan.append({"ranks": n, "gbit": gbit, "allreduce_s": T_n, "ssgd_s": t_ssgd, "ssd_period_s": t_ssd,
                          "speedup": t_ssgd / t_ssd, "best_k": max(1, int(-(-T_n // c_plan)))})
-    return {"alpha_s": alpha, "beta_s_per_byte": beta, "fit_a_s": a, "fit_b_s_per_byte": b,
-            "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
-            "compute_s": c, "compute_busy_s": c_busy, "allreduce_model_s": T, "allreduce_busy_s": T_busy,
-            "plan_compute_s": c_plan, "plan_k": plan_k,
+    return {**link, "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
+            "fit_from_file": fit_from is not None, "shared_link": shared_link,
+            "compute_s": c, "compute_busy_s": c * link["compute_slowdown"], "allreduce_model_s": T,
+            "allreduce_busy_s": T * link["comm_slowdown"], "plan_compute_s": c_plan, "plan_k": plan_k,
             "sizes": sizes, "steps": steps, "plan": plan}

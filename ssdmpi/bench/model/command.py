@@ -3,7 +3,9 @@
 Run it as ``ssdmpi bench model --net 1gbit`` (it relaunches itself as
 ``bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2 python -m ssdmpi bench model ...``) or
 under your own launcher: ``bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2 ssdmpi bench model
---net 1gbit`` (then ``--net`` only tells the model the nominal rate).
+--net 1gbit`` (then ``--net`` only tells the model the nominal rate). With ``--nodes N``
+it relaunches itself on a namespaced cluster instead (``ssdmpi.bench.launch``), a NIC of
+``--net`` per node; ``--fit-from`` predicts this run from an earlier run's link.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ def add_arguments(parser) -> None:
                         help="network: a tc rate (1gbit, 100mbit) for a throttled namespace, or 'none' "
                              "(shared memory); when not already under mpiexec, the command relaunches "
                              "itself there (default 1gbit)")
-    parser.add_argument("--ranks", type=int, default=2, help="ranks when relaunching itself (default 2)")
+    parser.add_argument("--ranks", type=int, default=None, help="ranks when relaunching itself (default 2)")
+    launch.add_node_arguments(parser)
+    parser.add_argument("--fit-from", default=None, metavar="FILE",
+                        help="take the link (alpha, beta, overlap slowdowns) from an earlier run's --json FILE "
+                             "(e.g. on 2 nodes) instead of fitting it here: every point of this run is held out")
     parser.add_argument("--model", default="wide-mlp",
                         help="model whose step and gradient are measured (default wide-mlp)")
     parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
@@ -35,7 +41,8 @@ def add_arguments(parser) -> None:
                         help="held-out allreduce sizes, in MB (default 2,8,32; the model's gradient size is "
                              "always added)")
     parser.add_argument("--patterns", default="ssgd,step,period:2,period:5,period:10,localsgd:5",
-                        metavar="P1,P2", help="step loops to measure: ssgd, step, period:K, localsgd:K")
+                        metavar="P1,P2", help="step loops to measure: ssgd, step, period:K, localsgd:K, "
+                                              "asgd:S (the last S ranks are parameter servers)")
     parser.add_argument("--steps", type=int, default=6, help="measured steps per loop (at least 2 periods; default 6)")
     reps = parser.add_argument("--allreduce-repeats", type=int, default=3,
                                help="repetitions per allreduce size, median (default 3)")
@@ -70,7 +77,26 @@ def _plan_gbits(text: str) -> list:
     return parse_list(text, "--plan-gbits", float, minimum=0, strict=True, example="1,10,25")
 
 
+def _fit_from(path: str | None):
+    """The ``model`` result of an earlier ``--json`` file (None without ``--fit-from``); one-line errors."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            model = json.load(f)["model"]
+        needed = ("alpha_s", "beta_s_per_byte", "fit_a_s", "fit_b_s_per_byte", "compute_slowdown",
+                  "comm_slowdown", "fit_ranks")
+        missing = [key for key in needed if key not in model]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"--fit-from {path}: not a readable 'bench model --json' file ({exc})") from None
+    if missing:
+        raise UserError(f"--fit-from {path}: lacks {', '.join(missing)}; write it again with this version's "
+                        "bench model --json")
+    return model
+
+
 def _validate(args) -> None:
+    args.ranks = launch.node_ranks(args, 2)
     for name in ("ranks", "batch_size", "steps", "allreduce_repeats", "repeats", "plan_delay"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -78,8 +104,11 @@ def _validate(args) -> None:
         raise UserError("--ranks must be at least 2: the model is fitted to a real allreduce")
     launch.parse_rate(args.net)
     sizes_mb(args.check_sizes, "--check-sizes")
-    for p in args.patterns.split(","):
-        parse_pattern(p)
+    for p in map(parse_pattern, args.patterns.split(",")):
+        if p.kind == "asgd" and p.k >= args.ranks:
+            raise UserError(f"--patterns asgd:{p.k}: {p.k} server(s) leave no worker among {args.ranks} ranks; "
+                            "use fewer servers or more ranks")
+    _fit_from(args.fit_from)
     _plan_ranks(args.plan_ranks)
     _plan_gbits(args.plan_gbits)
     if args.plan_efficiency is not None and not 0 < args.plan_efficiency <= 1:
@@ -93,13 +122,17 @@ def _validate(args) -> None:
 def run(args) -> int:
     _validate(args)
     if not launch.under_launcher():
-        return launch.relaunch("bench model", args.ranks, args.net, args.timeout)
+        return launch.relaunch("bench model", args.ranks, args.net, args.timeout, nodes=args.nodes)
     from ssdmpi.comm.communicator import Communicator
 
     comm = Communicator(progress=args.progress)
     if comm.size < 2:
         comm.free()
         raise UserError("bench model needs at least 2 ranks (mpiexec -n 2 ...)", collective=True)
+    servers = max([p.k for p in map(parse_pattern, args.patterns.split(",")) if p.kind == "asgd"], default=0)
+    if servers >= comm.size:
+        comm.free()
+        raise UserError(f"--patterns asgd:{servers} needs more than {servers} ranks, got {comm.size}", collective=True)
     say = (lambda text: print(f"[bench model] {text}", file=sys.stderr, flush=True)) if comm.rank == 0 \
         else (lambda text: None)
     say(f"{comm.size} ranks, progress {comm.strategy}, network {args.net}")
@@ -111,10 +144,12 @@ def run(args) -> int:
         result = analyse(measured, rate_bps=launch.parse_rate(args.net), efficiency=args.plan_efficiency,
                          plan_ranks=_plan_ranks(args.plan_ranks), plan_gbits=_plan_gbits(args.plan_gbits),
                          plan_compute_s=None if args.plan_compute_ms is None else args.plan_compute_ms / 1e3,
-                         plan_k=args.plan_delay)
+                         plan_k=args.plan_delay, fit_from=_fit_from(args.fit_from),
+                         shared_link=args.nodes is None)
         if args.json != "-":
             print(report(measured, result, args.net), end="", flush=True)
         if args.json:
-            emit_json(args.json, json.dumps({"net": args.net, "progress": args.progress, "measured": measured,
+            emit_json(args.json, json.dumps({"net": args.net, "nodes": args.nodes, "progress": args.progress,
+                                             "fit_from": args.fit_from, "measured": measured,
                                              "model": result}, indent=2))
     return 0

@@ -12,7 +12,9 @@ What it measures (all ranks together, rank 0 prints; ``--ranks`` >= 2, default 2
    (blocking allreduce of the weights every k steps), ``step`` (nonblocking allreduce of
    each step's gradient, waited one step later: ``ssd --comm step`` / ``odsgd``) and
    ``period k`` (gradients accumulated over k steps, one nonblocking allreduce per period,
-   waited at the end of the next period: ``ssd --comm period``). Variants are interleaved
+   waited at the end of the next period: ``ssd --comm period``) and ``asgd:P`` (the last
+   ``P`` ranks are parameter servers, the others workers that push their gradient's slices
+   and pull fresh weights every step, as ``ssdmpi/algos/asgd.py`` does). Variants are interleaved
    and repeated ``--repeats`` times; each time per step is the slowest rank's, median over
    repeats;
 3. overlap, in every repeat: compute steps run while an allreduce of the gradient size is
@@ -107,6 +109,51 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
     return _slowest(comm, elapsed / steps)
 
 
+def _ps_loop(comm, model, x, labels, servers: int, steps: int, warm: int) -> float:
+    """asgd's exchange (``ssdmpi/algos/asgd.py``): seconds per step of the slowest worker.
+
+    Ranks ``0..K-1`` are workers: compute, then push each server its slice of the gradient
+    and receive that server's fresh slice of the weights into ``model.params``. The last
+    ``servers`` ranks serve ``K`` pushes per step in arrival order: receive, a tiny SGD
+    update of their slice, send it back (the reply overlaps the next receive). Every count is
+    fixed (``K * (warm + steps)`` pushes per server), so the loop cannot hang on a lost message.
+    """
+    import numpy as np
+
+    from ssdmpi.algos.asgd import PULL_TAG, PUSH_TAG, shard
+
+    K = comm.size - servers
+    shards = [shard(model.params.size, j, servers) for j in range(servers)]
+    comm.barrier()
+    elapsed = 0.0
+    if comm.rank >= K:
+        mine = model.params[shards[comm.rank - K]].copy()
+        inbox = np.empty_like(mine)
+        outbox = [np.empty_like(mine) for _ in range(K)]
+        replies = [None] * K
+        for _ in range(K * (warm + steps)):
+            handle = comm.recv_start(inbox, None, PUSH_TAG)
+            handle.wait()
+            w = handle.source
+            mine -= 1e-6 * inbox
+            if replies[w] is not None:
+                replies[w].wait()
+            outbox[w][...] = mine
+            replies[w] = comm.send_start(outbox[w], w, PULL_TAG)
+        comm.wait_all([r for r in replies if r is not None])
+    else:
+        start = time.perf_counter()
+        for i in range(warm + steps):
+            if i == warm:
+                start = time.perf_counter()
+            model.loss_and_grad(x, labels)
+            pulls = [comm.recv_start(model.params[sl], K + j, PULL_TAG) for j, sl in enumerate(shards)]
+            pushes = [comm.send_start(model.grads[sl], K + j, PUSH_TAG) for j, sl in enumerate(shards)]
+            comm.wait_all(pushes + pulls)
+        elapsed = (time.perf_counter() - start) / steps
+    return _slowest(comm, elapsed)
+
+
 def _overlapped(comm, model, x, labels, nbytes: int, reps: int) -> tuple:
     """Compute and an allreduce of ``nbytes`` at the same time: ``(c_busy, T_busy)``, the
     median seconds of a compute step that ran entirely while the allreduce was in flight,
@@ -167,6 +214,10 @@ def measure(args, comm, log) -> dict:
         log(f"repeat {rep + 1}/{args.repeats} overlapped: compute "
             f"{'n/a' if c_busy is None else f'{c_busy * 1e3:.2f} ms/step'}, allreduce {t_busy * 1e3:.2f} ms")
         for p in patterns:
+            if p.kind == "asgd":
+                loops[p].append(_ps_loop(comm, model, x, labels, p.k, args.steps, 2))
+                log(f"repeat {rep + 1}/{args.repeats} {p.name:>18}: {loops[p][-1] * 1e3:9.2f} ms/step")
+                continue
             steps = max(args.steps, 2 * p.k)
             steps += -steps % p.k                     # whole periods only
             warm = max(2, p.k + 1)                    # an allreduce already in flight when timing starts

@@ -14,10 +14,14 @@ def report(measured: dict, result: dict, net: str) -> str:
     m, r = measured, result
     out = [f"## Alpha-beta model: {m['model']} ({m['num_params']:,} parameters, {m['grad_bytes'] / MB:.1f} MB "
            f"of float32 gradients), batch {m['batch_size']}/rank, {m['ranks']} ranks, network {net}", ""]
-    fit_mb = ", ".join(f"{n / MB:g}" for n in m["fit_bytes"])
-    out += [f"Fit on {fit_mb} MB: T_2(S) = {r['fit_a_s'] * 1e3:.3f} ms + S / ({r['effective_gbit']:.3f} Gbit/s)"
+    fit_mb = ", ".join(f"{n / MB:g}" for n in m["fit_bytes"]) + " MB"
+    if r.get("fit_from_file"):
+        # Every measured point of this run is held out: the link comes from an earlier run.
+        fit_mb = (f"an earlier run on {r['fit_ranks']} ranks (--fit-from: its alpha, beta and overlap slowdowns; "
+                  "every point below is held out)")
+    out += [f"Fit on {fit_mb}: T_2(S) = {r['fit_a_s'] * 1e3:.3f} ms + S / ({r['effective_gbit']:.3f} Gbit/s)"
             if r["effective_gbit"]
-            else f"Fit on {fit_mb} MB: a = {r['fit_a_s']:.3g} s, b = {r['fit_b_s_per_byte']:.3g} s/B",
+            else f"Fit on {fit_mb}: a = {r['fit_a_s']:.3g} s, b = {r['fit_b_s_per_byte']:.3g} s/B",
             f"(per-hop alpha = {r['alpha_s'] * 1e6:.1f} us, beta = {r['beta_s_per_byte'] * 1e9:.3f} ns/byte); "
             f"compute c = {r['compute_s'] * 1e3:.2f} ms/step ({r['compute_busy_s'] * 1e3:.2f} ms while an allreduce "
             f"is in flight); model allreduce T = {r['allreduce_model_s'] * 1e3:.2f} ms "
