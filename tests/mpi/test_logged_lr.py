@@ -50,9 +50,9 @@ def test_logged_lr_is_the_lr_the_algorithm_steps_with(communicator, monkeypatch,
     used = []     # (what, lr) of this iteration's lr-scaled updates
 
     def spy(what, fn, lr_at):
-        def wrapped(*args):
+        def wrapped(*args, **kwargs):
             used.append((what(args), args[lr_at]))
-            return fn(*args)
+            return fn(*args, **kwargs)
         return wrapped
 
     monkeypatch.setattr(algo.global_sgd, "step", spy(lambda a: "W" if a[0] is algo.W else "L",
