@@ -169,3 +169,17 @@ def test_a_sync_points_time_is_counted_in_the_next_interval():
     second = interval.reduce(comm, Stop(), object())
     assert first["sync_s"] == 0.0 and second["sync_s"] >= 0.2
     assert second["wall"] >= second["sync_s"]
+
+
+def test_the_record_logged_at_the_switch_is_not_steady_state(tmp_path):
+    """The record at step T_w says 'delay' (the stage after its last step) but timed SSGD steps:
+    it must not enter ssd's steady-state means (it made ssd look ~15% slower in bench train)."""
+    from ssdmpi.plot import load_run
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    lines = [{"kind": "start", "config": {"algo": "ssd", "comm": "period", "delay": 5, "warmup_steps": 10}}]
+    lines += [{"kind": "step", "step": s, "stage": "warmup" if s < 10 else "delay", "samples_per_s": 10.0}
+              for s in (5, 10, 15, 20)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert [r["step"] for r in load_run(run_dir).steady_steps()] == [15, 20]
