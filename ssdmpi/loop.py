@@ -54,6 +54,7 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
             # -- synchronisation point: metrics, signals and divergence agreed by all ranks at once
             sums = interval.reduce(comm, stop, algo)
             log_interval(job, comm, out, sums, interval.steps)
+            interval.synced()   # the sync point's own time counts in the next interval (``sync_s``)
             code, reason = stop_verdict(sums, due.planned_stop, cfg.stop_at_step, state.step)
             if code == DIVERGED_EXIT:       # a non-finite loss: stop at once, keep the last good checkpoint
                 return code, reason
@@ -114,11 +115,24 @@ class Interval:
     def reset(self) -> None:
         self.steps, self.loss, self.bad, self.t0 = 0, 0.0, 0, time.monotonic()
         self.data_s = 0.0   # the step breakdown's data phase (ssdmpi/phases.py)
+        self.sync_s = 0.0   # the previous sync point's reduction and logging, counted in this interval
+        self._t_sync = self._last_sync = 0.0
+
+    def synced(self) -> None:
+        """After the sync point's reduction and logging (before any checkpoint or evaluation):
+        remember how long they took. They are training time -- with a request in flight the
+        control allreduce can wait behind its data -- so ``restart`` counts them in the next
+        interval's wall, as ``sync_s``."""
+        self._last_sync = time.monotonic() - self._t_sync
 
     def restart(self, comm, algo) -> None:
-        """``reset()``, and drop the communication and phase times gathered since the last
-        reduction (a checkpoint's drain, an evaluation): they are not in any step's time."""
+        """``reset()`` with the last sync point's time carried in (``synced``), and drop the
+        communication and phase times gathered since the reduction (a checkpoint's drain, an
+        evaluation): they are not in any step's time."""
+        carried = self._last_sync
         self.reset()
+        self.t0 -= carried
+        self.sync_s = carried
         comm.stats.reset()
         if getattr(algo, "phases", None) is not None:
             algo.phases.reset()
@@ -164,7 +178,8 @@ class Interval:
         communication stats (one allreduce of a few float64 over the control communicator;
         asgd adds its staleness, and one more allreduce for its maximum). Ranks without
         training steps (asgd's servers) add no times or bytes: per-step means are the workers'."""
-        wall = time.monotonic() - self.t0
+        self._t_sync = time.monotonic()
+        wall = self._t_sync - self.t0
         c = comm.stats.snapshot_and_reset()
         stale = algo.interval_staleness() if hasattr(algo, "interval_staleness") else {}
         mine = 1.0 if self.steps else 0.0    # per-step means are over the ranks that take steps
@@ -186,7 +201,7 @@ class Interval:
         if phases is not None:
             phases.reset()
         return {"fb_s": fb * mine, "update_s": update * mine, "data_s": self.data_s * mine,
-                "progress_s": c["progress_s"] * mine}
+                "progress_s": c["progress_s"] * mine, "sync_s": self.sync_s * mine}
 
 
 def step_record(sums: dict, global_batch: int) -> dict:
@@ -199,7 +214,7 @@ def step_record(sums: dict, global_batch: int) -> dict:
     per = max(1.0, sums["steps"])   # rank-steps in the interval
     step_s = sums["wall"] / per
     parts = breakdown(step_s, {k: sums.get(k, 0.0) / per for k in ("fb_s", "update_s", "data_s", "wait_s",
-                                                                     "progress_s")})
+                                                                     "progress_s", "sync_s")})
     good = sums["steps"] - sums["bad"]
     stale = ({"staleness_mean": sums["stale_sum"] / sums["stale_n"] if sums["stale_n"] else 0.0,
               "staleness_max": int(sums["stale_max"])} if "stale_n" in sums else {})

@@ -13,7 +13,7 @@ run appends to the same file). Two kinds of record:
     compute_s / inflight_s / wait_s (per step, mean over ranks: computing, an allreduce
     in flight, blocked waiting for one), bytes_sent (per step per rank), overlap (fraction
     of in-flight time hidden behind compute), and the step breakdown that sums to step_s:
-    fb_s, update_s, data_s, blocked_s, progress_s, other_s (ssdmpi/phases.py defines them);
+    fb_s, update_s, data_s, blocked_s, progress_s, sync_s, other_s (ssdmpi/phases.py defines them);
     with asgd the times and bytes are the workers'
     (the servers take no steps) and staleness_mean / staleness_max (over the interval's
     server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.loop.step_record``

@@ -13,11 +13,14 @@ ranks, in every ``kind: step`` record (``ssdmpi/metrics.py``) and the run summar
 ``blocked_s``   exposed communication: blocked in ``allreduce_start`` / ``wait()``
                 (``wait_s - progress_s``)
 ``progress_s``  inside ``Communicator.progress()`` (``--progress test``: the data moves there)
+``sync_s``      the trainer's sync points (every ``--log-every`` steps): the metrics' control
+                allreduce and the logging. With a request in flight on a slow network the
+                control message can wait behind its data, so this is training time too
 ``other_s``     the step time outside every timer above: the loop's own bookkeeping, the
                 batch's host-to-device copy, the loss read-back
 ==============  =====================================================================
 
-so ``fb_s + update_s + data_s + blocked_s + progress_s + other_s = step_s`` for every
+so ``fb_s + update_s + data_s + blocked_s + progress_s + sync_s + other_s = step_s`` for every
 record (``other_s`` is what the timers did not cover; it is small when they cover the step).
 
 Cost: a few ``time.perf_counter()`` reads per step, nothing else. No device is ever
@@ -36,9 +39,9 @@ import time
 clock = time.perf_counter
 
 # Per-step keys of the breakdown, in display order (each a ``kind: step`` record field).
-BREAKDOWN = ("fb_s", "update_s", "data_s", "blocked_s", "progress_s", "other_s")
+BREAKDOWN = ("fb_s", "update_s", "data_s", "blocked_s", "progress_s", "sync_s", "other_s")
 LABELS = {"fb_s": "forward+backward", "update_s": "update", "data_s": "data", "blocked_s": "exposed wait",
-          "progress_s": "progress calls", "other_s": "other"}
+          "progress_s": "progress calls", "sync_s": "sync points", "other_s": "other"}
 
 
 class Phases:
@@ -59,9 +62,10 @@ class Phases:
 
 def breakdown(step_s: float, per_step: dict) -> dict:
     """The ``BREAKDOWN`` fields of one record from per-step means: ``per_step`` holds ``fb_s``,
-    ``update_s``, ``data_s``, ``wait_s`` (exposed, progress included) and ``progress_s``."""
+    ``update_s``, ``data_s``, ``wait_s`` (exposed, progress included), ``progress_s`` and ``sync_s``."""
     progress = per_step["progress_s"]
     out = {"fb_s": per_step["fb_s"], "update_s": per_step["update_s"], "data_s": per_step["data_s"],
-           "blocked_s": max(0.0, per_step["wait_s"] - progress), "progress_s": progress}
+           "blocked_s": max(0.0, per_step["wait_s"] - progress), "progress_s": progress,
+           "sync_s": per_step.get("sync_s", 0.0)}
     out["other_s"] = step_s - sum(out.values())
     return out

@@ -154,8 +154,17 @@ class Run:
 
     def steady_steps(self) -> list:
         """Step records past the SSGD warm-up (all of them when every record is warm-up, as
-        for ``ssgd``, which is warm-up forever)."""
-        steady = [r for r in self.steps if str(get(r, "stage", "")).lower() not in WARMUP_STAGES]
+        for ``ssgd``, which is warm-up forever). A record is past the warm-up when it covers
+        none of the first ``warmup_steps`` steps: the record logged at the switch says
+        ``delay`` (the stage after its last step) but timed warm-up steps."""
+        warmup = number(self.setting("warmup_steps")) if self.algo != "ssgd" else None
+        steady, prev = [], 0.0
+        for r in self.steps:
+            step = number(get(r, "step"))
+            covers_warmup = warmup is not None and prev < warmup
+            if str(get(r, "stage", "")).lower() not in WARMUP_STAGES and not covers_warmup:
+                steady.append(r)
+            prev = step if step is not None else prev
         return steady or self.steps
 
     def throughput(self):

@@ -320,6 +320,7 @@ BREAKDOWN_COLUMNS = (
     ("data_ms", "data ms"),
     ("blocked_ms", "exposed wait ms"),
     ("progress_ms", "progress ms"),
+    ("sync_ms", "sync ms"),
     ("other_ms", "other ms"),
     ("sum_ratio", "phases / step"),
     ("allreduce_ms", "allreduce ms (in flight)"),

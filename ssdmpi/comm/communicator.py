@@ -45,12 +45,11 @@ Results are bitwise identical on every rank: MPI's builtin SUM gives every rank 
 bytes (each element is reduced once, or by commutative pairs, and then distributed), buckets
 are fixed slices of the same vector on every rank, and the mean is one IEEE division by
 ``size`` applied identically everywhere (a multiplication by ``1/size`` when ``size`` is a power
-of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) A blocking
-mean of a host buffer is reduced in pieces of ``MEAN_PIECE_BYTES``, each divided while in cache;
-at 3 or more ranks MPI may sum a piece in another order than the whole buffer (its algorithm
-depends on the message size), so a mean and a sum of the same buffers can differ in the last bit
-there. Callers that can fold ``1/size`` into their own update should still use ``average=False``
-(the trainer's algorithms do): then there is no division pass at all.
+of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) The
+division is a pass of its own (on shared memory, 15-35% of an allreduce of 1-16 MB: BENCHMARKS.md
+section 10; reducing in 1 MiB pieces and dividing each in cache was measured and was slower
+below 64 MB). Callers that can fold ``1/size`` into their own update should use
+``average=False`` (the trainer's algorithms do): then there is no division pass at all.
 
 GPU buffers: see ``ssdmpi/comm/transport.py``. ``allreduce_start`` never waits for the GPU: it
 orders the staging after the kernel that wrote ``buf`` with events, and the request is posted
@@ -77,17 +76,6 @@ from ssdmpi.errors import UserError
 
 _clock = time.perf_counter
 TREE_TAG = 7301   # point-to-point tag of state trees on the control communicator
-
-
-# A blocking mean allreduce of a host buffer runs in pieces of this size, each divided right after
-# it is reduced, while it is in cache (``bench comm``'s mean/raw; BENCHMARKS.md, speed section).
-MEAN_PIECE_BYTES = 1 << 20
-
-
-def _pieces(flat, nbytes: int) -> list:
-    """``flat`` as consecutive slices of about ``nbytes`` (the whole of it when smaller)."""
-    step = max(1, nbytes // flat.itemsize)
-    return [flat] if flat.size <= step else [flat[i:i + step] for i in range(0, flat.size, step)]
 
 
 def _divide(buf, n: int) -> None:
@@ -510,14 +498,9 @@ class Communicator:
         op, in_place, allreduce = self._MPI.SUM, self._MPI.IN_PLACE, self._comm.Allreduce
         handle._staged.wait_ready()        # this thread waits for the staging copy; the GPU runs on
         for b in handle._buckets:
-            if not divide_here:
-                allreduce(in_place, b, op=op)
-                continue
-            # A mean: reduce in cache-sized pieces and scale each while it is still in cache, so
-            # the division is no second pass over memory ("mean" costs what "sum" costs).
-            for part in _pieces(b, MEAN_PIECE_BYTES):
-                allreduce(in_place, part, op=op)
-                _divide(part, handle._divisor)
+            allreduce(in_place, b, op=op)
+            if divide_here:
+                _divide(b, handle._divisor)
         handle._divided = divide_here
 
     def _thread_job(self, handle, divide_here: bool) -> None:

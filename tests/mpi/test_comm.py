@@ -76,13 +76,10 @@ def test_blocking_calls_match_the_nonblocking_ones(make_comm):
     np.testing.assert_array_equal(a, b)
 
 
-def test_a_blocking_mean_reduced_in_pieces_is_the_mean_everywhere(make_comm, comm):
-    """Blocking means of host buffers are reduced and divided piece by piece (MEAN_PIECE_BYTES):
-    the result is the mean, the same bytes on every rank, and at <= 2 ranks (where MPI's sum of
-    an element does not depend on the message size) the bits of the sum divided afterwards."""
-    from ssdmpi.comm.communicator import MEAN_PIECE_BYTES
-
-    n = 3 * MEAN_PIECE_BYTES // 4 + 1001
+def test_a_blocking_mean_of_a_large_buffer_is_the_sum_divided(make_comm, comm):
+    """A blocking mean of a multi-MB host buffer: the mean, the same bytes on every rank, and at
+    <= 2 ranks the bits of the sum divided afterwards (the division by a power of two multiplies)."""
+    n = 3 * (1 << 18) + 1001
     c = make_comm()
     a, b = rank_data(c.rank, n), rank_data(c.rank, n)
     c.allreduce_mean(a)

@@ -17,12 +17,13 @@ def test_step_record_breakdown_sums_to_the_step_time_and_splits_the_wait():
     # Two ranks, 10 steps each: rank-step totals of each phase.
     sums = {"steps": 20, "bad": 0, "loss": 20.0, "wall": 20 * 0.5, "my_steps": 10, "my_wall": 5.0,
             "inflight_s": 20 * 1.0, "wait_s": 20 * 0.25, "progress_s": 20 * 0.05, "bytes_sent": 0.0,
-            "fb_s": 20 * 0.1, "update_s": 20 * 0.08, "data_s": 20 * 0.01}
+            "fb_s": 20 * 0.1, "update_s": 20 * 0.08, "data_s": 20 * 0.01, "sync_s": 20 * 0.03}
     r = step_record(sums, 64)
     assert r["step_s"] == pytest.approx(0.5)
     assert r["blocked_s"] == pytest.approx(0.20) and r["progress_s"] == pytest.approx(0.05)
     assert (r["fb_s"], r["update_s"], r["data_s"]) == pytest.approx((0.1, 0.08, 0.01))
-    assert r["other_s"] == pytest.approx(0.5 - 0.1 - 0.08 - 0.01 - 0.25)
+    assert r["sync_s"] == pytest.approx(0.03)
+    assert r["other_s"] == pytest.approx(0.5 - 0.1 - 0.08 - 0.01 - 0.25 - 0.03)
     assert sum(r[k] for k in BREAKDOWN) == pytest.approx(r["step_s"])
     assert r["compute_s"] == pytest.approx(0.25)
 
@@ -73,10 +74,10 @@ def test_summary_prints_the_breakdown_line():
     from ssdmpi.metrics import summary_text
 
     s = {"algo": "ssd", "step_s": 0.5, "compute_s": 0.25, "fb_s": 0.1, "update_s": 0.08, "data_s": 0.01,
-         "blocked_s": 0.2, "progress_s": 0.05, "other_s": 0.06}
+         "blocked_s": 0.2, "progress_s": 0.05, "sync_s": 0.04, "other_s": 0.02}
     text = summary_text(s)
     assert ("step 500.00 ms = forward+backward 100.00, update 80.00, data 10.00, exposed wait 200.00, "
-            "progress calls 50.00, other 60.00 ms") in text
+            "progress calls 50.00, sync points 40.00, other 20.00 ms") in text
     assert "step " not in summary_text({"algo": "ssd"}).split("\n", 2)[-1]
 
 
@@ -120,8 +121,8 @@ def test_bench_train_bounds_come_from_ssgds_own_c_and_T():
     assert p["step_ms"] == pytest.approx(120.0) and p["sum_ratio"] == pytest.approx(0.115 / 0.12)
     table = breakdown_table(rows, bound_note(rows))
     assert "c = 85.0 ms and allreduce T = 1290.0 ms" in table
-    assert "| ssd-period-k5 | 120.0 | 70.00 | 20.00 | 5.00 | 20.00 | 0.00 | 5.00 | 0.958 | 1600.0 | 4.02x | 5.33x " \
-           "| 0.754 |" in table
+    assert "| ssd-period-k5 | 120.0 | 70.00 | 20.00 | 5.00 | 20.00 | 0.00 | 0.00 | 5.00 | 0.958 | 1600.0 | 4.02x " \
+           "| 5.33x | 0.754 |" in table
 
 
 def test_breakdown_figure_is_drawn_from_step_records(tmp_path):
@@ -137,3 +138,48 @@ def test_breakdown_figure_is_drawn_from_step_records(tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     written = make_figures([load_run(run_dir)], tmp_path / "fig")
     assert tmp_path / "fig" / "step_breakdown.png" in written
+
+
+class SlowSync:
+    """A communicator whose control allreduce (the sync point's) takes ``delay`` seconds."""
+
+    def __init__(self, delay):
+        self.stats, self.delay = CommStats(), delay
+
+    def allreduce_scalars(self, values, op="sum"):
+        time.sleep(self.delay)
+        return {k: float(v) for k, v in values.items()}
+
+
+def test_a_sync_points_time_is_counted_in_the_next_interval():
+    """With a request in flight on a slow network the sync point's control allreduce waits behind
+    the data: that time is training time. It is carried into the next interval's wall as sync_s
+    (it used to fall between intervals, uncounted, which made ssd look faster than it was)."""
+    from ssdmpi.loop import Interval
+
+    class Stop:
+        preempt = interrupt = 0
+
+    comm, interval = SlowSync(0.2), Interval()
+    interval.add(1.0)
+    first = interval.reduce(comm, Stop(), object())
+    interval.synced()
+    interval.restart(comm, object())
+    interval.add(1.0)
+    second = interval.reduce(comm, Stop(), object())
+    assert first["sync_s"] == 0.0 and second["sync_s"] >= 0.2
+    assert second["wall"] >= second["sync_s"]
+
+
+def test_the_record_logged_at_the_switch_is_not_steady_state(tmp_path):
+    """The record at step T_w says 'delay' (the stage after its last step) but timed SSGD steps:
+    it must not enter ssd's steady-state means (it made ssd look ~15% slower in bench train)."""
+    from ssdmpi.plot import load_run
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    lines = [{"kind": "start", "config": {"algo": "ssd", "comm": "period", "delay": 5, "warmup_steps": 10}}]
+    lines += [{"kind": "step", "step": s, "stage": "warmup" if s < 10 else "delay", "samples_per_s": 10.0}
+              for s in (5, 10, 15, 20)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert [r["step"] for r in load_run(run_dir).steady_steps()] == [15, 20]
