@@ -47,7 +47,7 @@ are fixed slices of the same vector on every rank, and the mean is one IEEE divi
 ``size`` applied identically everywhere (a multiplication by ``1/size`` when ``size`` is a power
 of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) The
 division is a pass of its own (on shared memory, 15-35% of an allreduce of 1-16 MB: BENCHMARKS.md
-section 10; reducing in 1 MiB pieces and dividing each in cache was measured and was slower
+section 12; reducing in 1 MiB pieces and dividing each in cache was measured and was slower
 below 64 MB). Callers that can fold ``1/size`` into their own update should use
 ``average=False`` (the trainer's algorithms do): then there is no division pass at all.
 
