@@ -26,8 +26,10 @@ record (``other_s`` is what the timers did not cover; it is small when they cove
 Cost: a few ``time.perf_counter()`` reads per step, nothing else. No device is ever
 synchronised for timing: on a GPU, ``fb_s`` and ``update_s`` are the host's time to
 *enqueue* the kernels, and the device time shows up wherever the host next waits for the
-stream -- ``backend.synchronize()`` before an allreduce is posted (in ``fb_s`` for ssgd's
-warm-up step, in ``update_s`` for the delay stage), or the loss read-back (``other_s``).
+device -- the ``backend.synchronize()`` after ssgd's warm-up forward/backward (in ``fb_s``),
+a ``wait()`` on an allreduce whose staging copy is not done (exposed wait), or the losses read
+back at a sync point (``sync_s``); the delay stage posts its allreduces without waiting for
+the GPU (``ssdmpi/comm/transport.py``).
 Over a logging interval the sum is still the step time; the split between phases is the
 host's view unless the phases themselves synchronise.
 """
