@@ -115,19 +115,20 @@ def test_round_robin_resumes_bitwise():
 def test_free_running_trains_logs_staleness_and_resumes():
     tmp = shared_tmpdir()
     run = os.path.join(tmp, "run")
-    args = ARGS + ["--steps", "60", "--log-every", "5", "--run-dir", run]
+    args = ARGS + ["--steps", "120", "--lr", "0.02", "--log-every", "5", "--run-dir", run]
     assert MPI.COMM_WORLD.allgather(main(["train", "--stop-at-step", "25"] + args)) == [REQUEUE_EXIT] * SIZE
     assert MPI.COMM_WORLD.allgather(main(["train", "--resume", "auto"] + args)) == [0] * SIZE
     if RANK == 0:
         steps = records(run, "step")
         numbers = [r["step"] for r in steps]      # every 5 steps, plus each epoch's end
-        assert numbers == sorted(set(numbers)) and set(range(5, 61, 5)) <= set(numbers)
+        assert numbers == sorted(set(numbers)) and set(range(5, 121, 5)) <= set(numbers)
         asynchronous = [r for r in steps if r["stage"] == "async"]
         assert asynchronous and all(r["staleness_max"] >= r["staleness_mean"] >= 0 for r in asynchronous)
         assert all(r["staleness_max"] == 0 for r in steps if r["stage"] == "warmup")
         (final,) = records(run, "eval")
-        # 60 steps of batch 8 in arrival order (not deterministic): it learns, well above chance (0.1)
-        assert final["test_acc"] > 0.25
+        # 120 steps of batch 8 in arrival order (not deterministic): it learns (0.76-0.84 in five runs
+        # at 4 ranks; at lr 0.05 stale momentum made it unstable, 0.18-0.74, so this test trains at 0.02)
+        assert final["test_acc"] > 0.5
 
 
 @needs_two

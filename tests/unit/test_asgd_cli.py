@@ -56,20 +56,17 @@ def test_round_robin_three_ranks_ends_on_the_reference_bitwise(tmp_path):
 @pytest.mark.timeout(300)
 def test_free_running_three_ranks_trains(tmp_path):
     run = str(tmp_path / "run")
-    proc = run_cli(["train", "--run-dir", run, "--epochs", "4", "--warmup-steps", "20"] + ARGS, ranks=3, timeout=240)
+    proc = run_cli(["train", "--run-dir", run, "--epochs", "4", "--warmup-steps", "20"] + ARGS + ["--lr", "0.02"],
+                   ranks=3, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "1 server(s), 2 worker(s), order arrival" in proc.stdout
     with open(os.path.join(run, "summary.json")) as f:
         summary = json.load(f)
-    # 4 short epochs (batch 8, 16 hidden units) in arrival order, which is not deterministic, at
-    # an lr where stale momentum makes the end noisy (test accuracy 0.28-0.71 over five runs, the
-    # last losses 0.8-1.3): the bar is "it learns", not a score. The training loss falls well below
-    # its first logged value (2.27, SSGD warm-up) and the accuracy is above chance (0.1); the
-    # 20-epoch default run reaches >= 85% (docs/ACCURACY.md).
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        losses = [r["loss"] for r in map(json.loads, f) if r.get("kind") == "step" and r.get("loss") is not None]
-    assert float(np.median(losses[-10:])) < 0.8 * losses[0], losses
-    assert summary["test_acc"] > 0.15 and summary["world_size"] == 3
+    # 4 short epochs (batch 8, 16 hidden units) in arrival order, which is not deterministic: the bar
+    # is "it learns", not a score. At lr 0.02 it reached 0.90-0.91 in three runs; at ARGS' lr 0.05
+    # stale momentum made it unstable (0.28-0.71), so this test trains at 0.02. The 20-epoch
+    # default run reaches >= 85% (docs/ACCURACY.md).
+    assert summary["test_acc"] > 0.6 and summary["world_size"] == 3
 
 
 @pytest.mark.timeout(300)
