@@ -5,7 +5,9 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K,64K,4M] [--repeat
 (a) **bandwidth**: on the same float32 buffer, interleaved in rotating order with a barrier
     before each sample, ``raw`` = ``comm.Allreduce(IN_PLACE, buf, SUM)``; ``sum`` =
     ``Communicator.allreduce(buf, average=False)`` (the same operation through ssdmpi); ``mean``
-    = ``Communicator.allreduce_mean(buf)`` (plus the division by the rank count). Reported:
+    = ``Communicator.allreduce_mean(buf)`` (the fused mean of ``ssdmpi/comm/fused_mean.py`` from
+    its ``MIN_BYTES`` up); ``sum+div`` = ``sum`` and then a division pass (what the mean costs
+    without the fusion, for comparison). Reported:
     the median over samples of the slowest rank's time, algorithm bandwidth ``bytes / time``
     in GB/s, and the median of the paired ratios ``raw_time / time`` (1.0 = as fast as raw
     mpi4py; pairs are adjacent samples, which cancels the machine's slow load drifts).
@@ -64,6 +66,7 @@ def bandwidth(world, sizes, repeats: int) -> list:
     from mpi4py import MPI
 
     from ssdmpi.comm.communicator import Communicator
+    from ssdmpi.comm.fused_mean import divide
 
     raw_comm = world.Dup()
     comm = Communicator(world, progress="blocking")
@@ -76,13 +79,14 @@ def bandwidth(world, sizes, repeats: int) -> list:
                 "raw": lambda buf=buf: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
                 "sum": lambda buf=buf: comm.allreduce(buf, average=False),
                 "mean": lambda buf=buf: comm.allreduce_mean(buf),
+                "sum+div": lambda buf=buf: divide(comm.allreduce(buf, average=False), comm.size),
             }
             names = list(variants)
             samples = {name: [] for name in names}
             for name in names:        # warm up each path once
                 variants[name]()
             for rep in range(repeats):
-                for name in names[rep % 3:] + names[:rep % 3]:
+                for name in names[rep % len(names):] + names[:rep % len(names)]:
                     world.Barrier()
                     start = time.perf_counter()
                     for _ in range(inner):
@@ -98,6 +102,7 @@ def bandwidth(world, sizes, repeats: int) -> list:
             # Paired ratios (samples taken next to each other) cancel the machine's slow drifts.
             row["sum_vs_raw"] = float(np.median(table[0] / table[1]))
             row["mean_vs_raw"] = float(np.median(table[0] / table[2]))
+            row["sum+div_vs_raw"] = float(np.median(table[0] / table[3]))
             rows.append(row)
     finally:
         comm.free()
@@ -200,10 +205,11 @@ def _print_tables(result: dict) -> None:
     if result.get("bandwidth"):
         print("\n(a) allreduce: median time (slowest rank per sample); x/raw = median of paired raw_time/time "
               "(1.0 = as fast as raw mpi4py)")
-        print(f"{'size':>8} {'raw GB/s':>9} {'sum GB/s':>9} {'sum/raw':>8} {'mean GB/s':>10} {'mean/raw':>9}")
+        print(f"{'size':>8} {'raw GB/s':>9} {'sum GB/s':>9} {'sum/raw':>8} {'mean GB/s':>10} {'mean/raw':>9} "
+              f"{'sum+div/raw':>12}")
         for r in result["bandwidth"]:
             print(f"{_size_name(r['bytes']):>8} {r['raw_GBps']:9.3f} {r['sum_GBps']:9.3f} {r['sum_vs_raw']:8.3f} "
-                  f"{r['mean_GBps']:10.3f} {r['mean_vs_raw']:9.3f}")
+                  f"{r['mean_GBps']:10.3f} {r['mean_vs_raw']:9.3f} {r['sum+div_vs_raw']:12.3f}")
     if result.get("overlap"):
         print("\n(b) overlap of allreduce_start + compute + wait; overlap = (t_comm + t_compute - t_total) / t_comm")
         print(f"{'compute':>20} {'strategy':>9} {'comm ms':>8} {'compute ms':>11} {'total ms':>9} "

@@ -45,11 +45,16 @@ Results are bitwise identical on every rank: MPI's builtin SUM gives every rank 
 bytes (each element is reduced once, or by commutative pairs, and then distributed), buckets
 are fixed slices of the same vector on every rank, and the mean is one IEEE division by
 ``size`` applied identically everywhere (a multiplication by ``1/size`` when ``size`` is a power
-of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) The
-division is a pass of its own (on shared memory, 15-35% of an allreduce of 1-16 MB: BENCHMARKS.md
-section 12; reducing in 1 MiB pieces and dividing each in cache was measured and was slower
-below 64 MB). Callers that can fold ``1/size`` into their own update should use
-``average=False`` (the trainer's algorithms do): then there is no division pass at all.
+of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py``.) A mean
+reduced in the caller's thread or on the communication thread (``blocking`` and ``thread``
+strategies, and every blocking call) of a host bucket of at least ``fused_mean.MIN_BYTES`` runs
+``ssdmpi/comm/fused_mean.py``: a reduce-scatter that divides each piece in cache right after its
+last addition, then an allgather, so the division costs no pass of its own (the sum's elements are
+added in the same pairwise order as MPI's own allreduce at up to 4 ranks: at ``N <= 2`` the bits
+are those of the sum divided). A nonblocking mean under ``test``/``poll`` is MPI's
+``Iallreduce`` and then a division pass in ``wait``. Callers that can fold ``1/size`` into their
+own update should use ``average=False`` (the trainer's algorithms do): then there is no division
+at all.
 
 GPU buffers: see ``ssdmpi/comm/transport.py``. ``allreduce_start`` never waits for the GPU: it
 orders the staging after the kernel that wrote ``buf`` with events, and the request is posted
@@ -67,6 +72,7 @@ import contextlib
 import threading
 import time
 
+from ssdmpi.comm import fused_mean
 from ssdmpi.comm.agreement import first_error, signature_mismatch
 from ssdmpi.comm.progress import PROGRESS, CommThread, Poller, default_progress
 from ssdmpi.comm.stats import CommStats
@@ -76,16 +82,6 @@ from ssdmpi.errors import UserError
 
 _clock = time.perf_counter
 TREE_TAG = 7301   # point-to-point tag of state trees on the control communicator
-
-
-def _divide(buf, n: int) -> None:
-    """``buf /= n`` in place. For a power of two this is a multiplication by ``1/n``, which is
-    exact and rounds like the division in every case (both are the correctly rounded
-    ``x * 2**-k``), and several times cheaper than a division."""
-    if n & (n - 1) == 0:
-        buf *= 1.0 / n
-    else:
-        buf /= n
 
 
 def format_bytes(n: int) -> str:
@@ -199,6 +195,7 @@ class Communicator:
         self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         self.stall_timeout = stall_timeout
         self.stats = CommStats()
+        self._fused_mean = fused_mean.FusedMean(self._comm)   # collective: splits a copy of _comm
         # Always duplicated, watchdog or not: a rank with a different --stall-timeout must not
         # leave the others waiting in a collective Dup (check_agreement reports the difference).
         watch_comm = base.Dup()
@@ -409,6 +406,7 @@ class Communicator:
         self._drain()
         self._stop_threads()
         atexit.unregister(self._stop_threads)
+        self._fused_mean.free()
         for c in (self._comm, self._ctl, self._spare):
             if c is not None and c != self._MPI.COMM_NULL:
                 c.Free()
@@ -498,9 +496,12 @@ class Communicator:
         op, in_place, allreduce = self._MPI.SUM, self._MPI.IN_PLACE, self._comm.Allreduce
         handle._staged.wait_ready()        # this thread waits for the staging copy; the GPU runs on
         for b in handle._buckets:
+            if divide_here and b.nbytes >= fused_mean.MIN_BYTES:
+                self._fused_mean(b)        # the division inside the reduction, in cache
+                continue
             allreduce(in_place, b, op=op)
             if divide_here:
-                _divide(b, handle._divisor)
+                fused_mean.divide(b, handle._divisor)
         handle._divided = divide_here
 
     def _thread_job(self, handle, divide_here: bool) -> None:
@@ -567,7 +568,7 @@ class Communicator:
                 from handle._error
         self.transport.from_mpi(handle.buf, handle._work)
         if handle._divisor is not None and not handle._divided:
-            _divide(handle.buf, handle._divisor)
+            fused_mean.divide(handle.buf, handle._divisor)
         t_end = _clock()
         exposed = (handle._t_returned - handle._t_posted) + (t_end - t_wait)
         self.stats.record(handle.nbytes, handle._t_complete - handle._t_posted, exposed,

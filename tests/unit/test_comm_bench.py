@@ -16,9 +16,9 @@ def test_bench_comm_json_at_two_ranks(tmp_path):
     assert result["ranks"] == 2
     assert [row["bytes"] for row in result["bandwidth"]] == [4096, 256 << 10]
     for row in result["bandwidth"]:
-        for name in ("raw", "sum", "mean"):
+        for name in ("raw", "sum", "mean", "sum+div"):
             assert row[f"{name}_s"] > 0 and row[f"{name}_GBps"] > 0
-        assert row["sum_vs_raw"] > 0
+        assert row["sum_vs_raw"] > 0 and row["mean_vs_raw"] > 0 and row["sum+div_vs_raw"] > 0
     pairs = {(row["compute"], row["strategy"]) for row in result["overlap"]}
     strategies = ("blocking", "test", "poll", "thread")
     assert pairs == {(c, s) for c in ("cpu-bound (matmul)", "idle (sleep)") for s in strategies}

@@ -97,13 +97,13 @@ def test_format_bytes():
 def test_the_means_division_gives_the_bits_of_an_ieee_division(n, dtype):
     """Powers of two multiply by 1/n (exact), others divide: every value rounds like x / n,
     subnormal results, infinities, NaN and signed zeros included."""
-    from ssdmpi.comm.communicator import _divide
+    from ssdmpi.comm.fused_mean import divide
 
     info = np.finfo(dtype)
     x = np.concatenate([np.random.default_rng(n).standard_normal(1000).astype(dtype) * 1e3,
                         np.array([info.tiny, info.tiny * 3, info.smallest_subnormal * 7, info.max, -info.max,
                                   np.inf, -np.inf, np.nan, 0.0, -0.0], dtype)])
     got = x.copy()
-    _divide(got, n)
+    divide(got, n)
     u = np.dtype(f"u{x.itemsize}")
     assert np.array_equal((x / dtype(n)).view(u), got.view(u))
