@@ -75,7 +75,10 @@ def under_launcher() -> bool:
 
 
 def single_threaded_env() -> dict:
-    """This environment with one BLAS/OpenMP thread per rank unless the caller chose otherwise."""
+    """This environment with one BLAS/OpenMP thread per rank unless the caller chose otherwise: for
+    the namespaced cluster only, whose "nodes" all run on this machine's cores (each rank would see
+    every core as its node's). In one namespace the ranks launch as users launch them, and
+    ``comm/node.py`` gives each its share of the host's cores."""
     return dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                 OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
 
@@ -97,7 +100,7 @@ def relaunch(label: str, ranks: int, net: str, timeout: float, argv: list | None
     argv = sys.argv[1:] if argv is None else argv
     if nodes is None:
         check_network(net)
-        cmd, env = relaunch_command(argv, ranks, net), single_threaded_env()
+        cmd, env = relaunch_command(argv, ranks, net), dict(os.environ)
     else:
         check_cluster()
         cmd = cluster_command([sys.executable, "-m", "ssdmpi"] + list(argv), nodes, ranks // nodes, net)

@@ -562,9 +562,7 @@ def run(args) -> int:
     from ssdmpi.plot import load_run, make_figures
 
     results, failures = {}, 0
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-    env = cluster_env(env) if args.nodes else env
+    env = cluster_env() if args.nodes else dict(os.environ)    # one namespace: as users launch
     for v, _rep, run_dir in jobs:
         status = None
         if not (args.reuse and (run_dir / "metrics.jsonl").exists()):

@@ -1,7 +1,7 @@
 """Where this rank runs: its node, its share of the node's CPUs, its GPU.
 
 ``discover()`` (collective over COMM_WORLD) learns the node: host name, local rank and
-local size (``Split_type(COMM_TYPE_SHARED)``), the CPUs this process may use
+local size (the ranks on the same host name), the CPUs this process may use
 (``os.sched_getaffinity``, so Slurm's and cgroups' limits count) and the CPUs usable by
 all the ranks of the node together (the union of their affinity sets).
 
@@ -76,14 +76,21 @@ def usable_cpus() -> set:
 
 
 def discover() -> Node:
-    """Collective over COMM_WORLD: this rank's ``Node``."""
+    """Collective over COMM_WORLD: this rank's ``Node``.
+
+    The local ranks are those on the same host name, not MPI's ``COMM_TYPE_SHARED`` split: that
+    one follows the transport, and with shared memory turned off (``MPIR_CVAR_NOLOCAL=1``, as
+    ``bin/ssdmpi-netns`` does to force every byte through TCP) each rank is its own "node" while
+    the ranks still share the host's CPUs."""
     from mpi4py import MPI
 
-    mine = usable_cpus()
-    local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    world = MPI.COMM_WORLD
+    host, mine = socket.gethostname(), usable_cpus()
+    hosts = sorted(set(world.allgather(host)))
+    local = world.Split(hosts.index(host), world.Get_rank())
     try:
         union = set().union(*local.allgather(sorted(mine)))
-        return Node(host=socket.gethostname(), local_rank=local.Get_rank(), local_size=local.Get_size(),
+        return Node(host=host, local_rank=local.Get_rank(), local_size=local.Get_size(),
                     cpus=len(mine), node_cpus=len(union))
     finally:
         local.Free()

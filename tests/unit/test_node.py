@@ -172,3 +172,20 @@ def test_thread_variables_this_process_wrote_are_not_the_users(monkeypatch):
     assert node_module.choose_threads(here, None) == (2, "4 usable CPUs on h / 2 local ranks")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")            # the user's own value wins
     assert node_module.choose_threads(here, None)[1] == "OMP_NUM_THREADS=3 set by the user"
+
+
+def test_ranks_of_one_host_share_it_when_mpi_keeps_them_off_shared_memory():
+    """``MPIR_CVAR_NOLOCAL=1`` (what bin/ssdmpi-netns sets, to force MPICH onto TCP) makes MPI's
+    shared-memory split see one rank per "node"; the ranks still share the host's CPUs. Before the
+    split by host name, each of 2 ranks on 2 CPUs took 2 BLAS threads (4x slower compute)."""
+    import json
+
+    from tests.conftest import run_cli
+
+    unset = {name: "" for name in node.THREAD_VARIABLES}       # empty counts as unset: the node decides
+    proc = run_cli(["info", "--json"], ranks=2, timeout=120, env={"MPIR_CVAR_NOLOCAL": "1", **unset})
+    assert proc.returncode == 0, proc.stderr
+    ranks = json.loads(proc.stdout)["ranks"]
+    assert sorted(r["local_rank"] for r in ranks) == [0, 1] and {r["local_size"] for r in ranks} == {2}
+    cpus = ranks[0]["node_cpus"]
+    assert {r["threads"] for r in ranks} == {max(1, cpus // 2)}
