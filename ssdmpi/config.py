@@ -434,7 +434,8 @@ _FLAGS = {
         ("algo", {"choices_help": ALGOS}, "training algorithm"),
         ("delay", {"type": delay_value, "metavar": "K|auto"},
          "delay k, iterations between pulls of the global model (localsgd: between model averages); "
-         "auto: the smallest k (1-32) that hides the allreduce, measured in the SSGD warm-up "
+         "auto: the smallest k (1-32) that hides the allreduce and amortises the CPU time it takes in "
+         "flight, measured in the SSGD warm-up "
          "(needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},

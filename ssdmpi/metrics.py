@@ -25,7 +25,8 @@ Other kinds: ``start`` (run start or resume: world size, backend, progress strat
 placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
 reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
 checkpoint to resume from), ``delay`` (``--delay auto`` chose ``delay`` = k at ``step`` from the
-warm-up's ``compute_s`` and ``allreduce_s``: ``ssdmpi/algos/auto_delay.py``). ``ssdmpi plot`` reads these
+warm-up's ``compute_s``, ``allreduce_s`` and ``update_s`` and the probed ``allreduce_cpu_s``:
+``ssdmpi/algos/auto_delay.py``). ``ssdmpi plot`` reads these
 files; ``--csv`` and ``--tensorboard`` write the step and eval records again for other tools
 (ssdmpi/loggers.py).
 ``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
@@ -198,7 +199,8 @@ def summary_text(s: dict) -> str:
         d = s["delay_auto"]
         lines.append(f"  delay auto: k = {d.get('delay')} (chosen at step {d.get('step')}: compute "
                      f"{d.get('compute_s', 0) * 1e3:.1f} ms, allreduce {d.get('allreduce_s', 0) * 1e3:.1f} ms "
-                     "per step)")
+                     f"per step, {d.get('allreduce_cpu_s', 0) * 1e3:.1f} ms CPU in flight, update "
+                     f"{d.get('update_s', 0) * 1e3:.1f} ms)")
     lines += _breakdown_lines(s)
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")

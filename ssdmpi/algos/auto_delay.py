@@ -3,17 +3,30 @@
 
 Contract:
 
-- ``choose_delay(c, T, lo, hi)``: the smallest ``k`` in ``[lo, hi]`` with ``k * c >= T``
-  (``hi`` when none is): ``k`` steps of compute ``c`` are enough to hide one allreduce of
-  time ``T`` behind them. A pure function.
-- ``DelayMeter``: one rank's warm-up measurements. ``add(c, T)`` after every warm-up step
+- ``choose_delay(c, T, W=0, lo, hi)``: the smallest ``k`` in ``[lo, hi]`` that meets both
+  (``hi`` when none does): **hide** ``k * c >= T``, ``k`` steps of compute ``c`` cover one
+  allreduce of time ``T``; **amortise** ``c + W/k <= (1 + SLACK) * (c + W/hi)``, the work ``W``
+  that every period adds to its ``k`` steps costs each step at most ``SLACK`` more than at the
+  longest delay. ``W`` is the CPU time an allreduce in flight takes from this rank's compute
+  (MPI's progress work, done inside the compute thread's ``progress()`` calls on a node without a
+  spare core) plus the period-end update (a pass over the model's buffers, measured as the
+  warm-up's global update). ``W = 0`` is the hide rule alone. Pure.
+- ``probe_cpu(comm, buf, repeats)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
+  of ``buf`` started with ``allreduce_start`` and polled every millisecond with ``test()``
+  (the median of ``repeats``): the work that moves the data, without the waiting (a blocking
+  wait spins, so its CPU time is its wall time and says nothing).
+- ``DelayMeter``: one rank's warm-up measurements. ``add(c, T, u)`` after every warm-up step
   (``c``: the step's time outside the blocking allreduce, i.e. forward, backward and the global
-  update; ``T``: the allreduce's time, from ``comm.stats``); ``choose(comm, step)`` at the
-  switch is COLLECTIVE: one ``allreduce_scalars(op="max")`` of each rank's medians over its
-  last ``WINDOW`` steps, then ``choose_delay`` of those two agreed floats. Every rank
-  computes the same function of the same numbers, so every rank gets the same ``k``,
-  however noisy its own clock. The median drops a cold first step and the odd pause; the
-  maximum over ranks is the slowest rank's compute, which sets the pace of the delay stage.
+  update; ``T``: the allreduce's time, from ``comm.stats``; ``u``: the global update's part of
+  ``c``); ``choose(comm, step, probe)`` at the switch is COLLECTIVE: one
+  ``allreduce_scalars(op="max")`` of each rank's medians over its
+  last ``WINDOW`` steps; then, with ``probe`` (a callable ``fraction -> CPU seconds``, see
+  ``probe_cpu``), ``PROBE_REPEATS`` probe allreduces of the fraction ``q = min(1, c / T)`` of
+  the gradient (so that a probe takes about one step of time) and a second
+  ``allreduce_scalars(op="max")`` of their CPU time, giving ``cpu_s = cpu / q``; then
+  ``choose_delay(c, T, cpu_s + u)``. Every rank computes the same function of the same numbers, so
+  every rank gets the same ``k``, however noisy its own clock. The median drops a cold first
+  step and the odd pause; the maximum over ranks is the slowest rank, which sets the pace.
 - ``DelayChoice``: the result (``k``, the agreed ``compute_s`` and ``allreduce_s``, the step it
   was chosen at, the samples per rank); ``record()`` is its ``kind: delay`` metrics record.
 
@@ -31,27 +44,49 @@ from dataclasses import dataclass
 DELAY_RANGE = (1, 32)     # bounds of the chosen k
 WINDOW = 20               # the last warm-up steps whose medians decide
 MIN_WARMUP_STEPS = 5      # fewer samples than this is not a measurement (the first step is cold)
+SLACK = 0.05              # amortise: a step may cost this much more than at the longest delay
+PROBE_REPEATS = 3         # probe allreduces at the switch (their median CPU time counts)
+PROBE_POLL_S = 0.001      # how often a probe is polled: the sleeps are what its CPU time leaves out
 
 
-def choose_delay(c: float, T: float, lo: int = DELAY_RANGE[0], hi: int = DELAY_RANGE[1]) -> int:
-    """The smallest ``k`` in ``[lo, hi]`` with ``k * c >= T``; ``hi`` when even ``hi * c < T``.
+def choose_delay(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], hi: int = DELAY_RANGE[1]) -> int:
+    """The smallest ``k`` in ``[lo, hi]`` with ``k * c >= T`` and ``c + W/k <= (1 + SLACK) * (c + W/hi)``;
+    ``hi`` when none is.
 
-    ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0). ``ValueError``
-    on non-finite or out-of-range input (the trainer never passes such; a test does).
+    ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0), ``W``: CPU seconds an
+    allreduce in flight takes from the compute (>= 0). ``ValueError`` on non-finite or
+    out-of-range input (the trainer never passes such; a test does).
     """
     if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
         raise ValueError(f"need integers 1 <= lo <= hi, got lo={lo!r}, hi={hi!r}")
-    if not (math.isfinite(c) and math.isfinite(T)) or c <= 0 or T < 0:
-        raise ValueError(f"need a finite compute time c > 0 and allreduce time T >= 0, got c={c!r}, T={T!r}")
-    if T > hi * c:
-        return hi
-    k = max(1, math.ceil(T / c))
-    # T / c rounds: keep the defining inequality exact in floating point
-    while k > 1 and (k - 1) * c >= T:
-        k -= 1
-    while k * c < T:
-        k += 1
-    return max(lo, min(hi, k))
+    if not (math.isfinite(c) and math.isfinite(T) and math.isfinite(W)) or c <= 0 or T < 0 or W < 0:
+        raise ValueError(f"need a finite compute time c > 0, allreduce time T >= 0 and CPU time W >= 0, "
+                         f"got c={c!r}, T={T!r}, W={W!r}")
+    budget = (1 + SLACK) * (c + W / hi)
+    for k in range(lo, hi + 1):
+        if k * c >= T and c + W / k <= budget:
+            return k
+    return hi
+
+
+def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS) -> float:
+    """COLLECTIVE: the median over ``repeats`` of this rank's thread CPU seconds for one allreduce
+    of ``buf`` (a sum; ``buf``'s contents are overwritten) started with ``comm.allreduce_start``
+    and polled with ``test()`` every ``PROBE_POLL_S`` until done. Under ``--progress test`` the data
+    moves inside those calls, so this is the CPU time the allreduce takes from the thread that
+    drives it; under ``blocking`` the start itself spins until done (the CPU time is the wall time)."""
+    import time
+
+    cpu = []
+    for _ in range(repeats):
+        comm.barrier()                     # every rank starts together: no time spent waiting for a late one
+        start = time.thread_time()
+        handle = comm.allreduce_start(buf, average=False)
+        while not handle.test():
+            time.sleep(PROBE_POLL_S)
+        handle.wait()
+        cpu.append(time.thread_time() - start)
+    return statistics.median(cpu)
 
 
 @dataclass(frozen=True)
@@ -63,66 +98,91 @@ class DelayChoice:
     allreduce_s: float    # max over ranks of the median allreduce seconds per warm-up step
     step: int             # iterations done when k was chosen (T_w)
     samples: int          # warm-up steps the medians are over (the smallest count of any rank)
+    cpu_s: float = 0.0    # CPU seconds one allreduce in flight takes from the compute (probed; slowest rank)
+    update_s: float = 0.0  # seconds of the global update per warm-up step (the period-end pass's stand-in)
 
     def record(self) -> dict:
         """The ``kind: delay`` metrics record (ssdmpi/metrics.py)."""
         return {"kind": "delay", "step": self.step, "delay": self.k, "compute_s": self.compute_s,
-                "allreduce_s": self.allreduce_s, "samples": self.samples, "range": list(DELAY_RANGE)}
+                "allreduce_s": self.allreduce_s, "allreduce_cpu_s": self.cpu_s, "update_s": self.update_s,
+                "samples": self.samples, "range": list(DELAY_RANGE)}
 
     def text(self) -> str:
         """One line for the display and the summary."""
         return (f"delay auto: k = {self.k} (chosen at step {self.step}: compute {self.compute_s * 1e3:.1f} ms, "
-                f"allreduce {self.allreduce_s * 1e3:.1f} ms per step; median of {self.samples} warm-up steps, "
-                f"slowest rank; smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= allreduce)")
+                f"allreduce {self.allreduce_s * 1e3:.1f} ms per step, {self.cpu_s * 1e3:.1f} ms CPU in flight, "
+                f"update {self.update_s * 1e3:.1f} ms; median of {self.samples} warm-up steps, slowest rank; the "
+                f"smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= allreduce whose per-period "
+                f"CPU and update cost a step at most {SLACK:.0%} more than at k = {DELAY_RANGE[1]})")
 
     def state(self) -> dict:
         """Plain scalars for the checkpoint (``auto.*`` keys of the algorithm's state)."""
         return {"auto.k": self.k, "auto.compute_s": self.compute_s, "auto.allreduce_s": self.allreduce_s,
-                "auto.step": self.step, "auto.samples": self.samples}
+                "auto.step": self.step, "auto.samples": self.samples, "auto.cpu_s": self.cpu_s,
+                "auto.update_s": self.update_s}
 
     @classmethod
     def from_state(cls, d: dict) -> DelayChoice:
+        """From ``state()``; a checkpoint written before the probe existed has no ``auto.cpu_s`` or
+        ``auto.update_s`` (0: its ``k`` came from the hide rule alone)."""
         return cls(int(d["auto.k"]), float(d["auto.compute_s"]), float(d["auto.allreduce_s"]),
-                   int(d["auto.step"]), int(d["auto.samples"]))
+                   int(d["auto.step"]), int(d["auto.samples"]), float(d.get("auto.cpu_s", 0.0)),
+                   float(d.get("auto.update_s", 0.0)))
 
 
 class DelayMeter:
-    """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s)``."""
+    """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s, update_s)``."""
 
     def __init__(self, window: int = WINDOW):
         self.window = int(window)
         self.samples: list = []
 
-    def add(self, compute_s: float, allreduce_s: float) -> None:
-        self.samples.append((max(0.0, float(compute_s)), max(0.0, float(allreduce_s))))
+    def add(self, compute_s: float, allreduce_s: float, update_s: float = 0.0) -> None:
+        self.samples.append((max(0.0, float(compute_s)), max(0.0, float(allreduce_s)), max(0.0, float(update_s))))
         del self.samples[:-self.window]
 
-    def choose(self, comm, step: int) -> DelayChoice:
-        """Collective (every rank, at the switch): the agreed ``DelayChoice``."""
-        return decide(comm.allreduce_scalars(self.summary(), op="max"), step)
+    def choose(self, comm, step: int, probe=None) -> DelayChoice:
+        """Collective (every rank, at the switch): the agreed ``DelayChoice``. ``probe(fraction)``:
+        this rank's CPU seconds per allreduce of that fraction of the gradient (``probe_cpu``);
+        without one, ``W = 0``."""
+        agreed = comm.allreduce_scalars(self.summary(), op="max")
+        c, T = agreed["c"], agreed["T"]
+        if probe is not None and T > 0:
+            fraction = min(1.0, c / T) if c > 0 else 1.0      # the same on every rank: agreed inputs
+            cpu = comm.allreduce_scalars({"cpu": probe(fraction)}, op="max")["cpu"]
+            agreed = dict(agreed, cpu=cpu / fraction)
+        return decide(agreed, step)
 
     def summary(self) -> dict:
         """This rank's side of the agreement: its medians, and ``-n`` (so the max is the fewest samples)."""
         n = len(self.samples)
-        return {"c": statistics.median(s[0] for s in self.samples) if n else 0.0,
-                "T": statistics.median(s[1] for s in self.samples) if n else 0.0, "fewest": -n}
+
+        def median(i):
+            return statistics.median(s[i] for s in self.samples) if n else 0.0
+
+        return {"c": median(0), "T": median(1), "u": median(2), "fewest": -n}
 
     def state_dict(self) -> dict:
-        """``auto.samples``: an ``(n, 2)`` float64 array (absent when there is none yet)."""
+        """``auto.samples``: an ``(n, 3)`` float64 array (absent when there is none yet)."""
         import numpy as np
 
-        return {"auto.samples": np.array(self.samples, dtype=np.float64).reshape(-1, 2)} if self.samples else {}
+        return {"auto.samples": np.array(self.samples, dtype=np.float64).reshape(-1, 3)} if self.samples else {}
 
     def load_state_dict(self, d: dict) -> None:
+        """Also reads the ``(n, 2)`` samples of checkpoints written before ``update_s`` (taken as 0)."""
         import numpy as np
 
-        rows = np.asarray(d.get("auto.samples", np.zeros((0, 2))), dtype=np.float64).reshape(-1, 2)
-        self.samples = [(float(a), float(b)) for a, b in rows][-self.window:]
+        rows = np.asarray(d.get("auto.samples", np.zeros((0, 3))), dtype=np.float64)
+        width = rows.shape[-1] if rows.ndim == 2 else 3
+        self.samples = [tuple(float(v) for v in row) + (0.0,) * (3 - width)
+                        for row in rows.reshape(-1, width)][-self.window:]
 
 
 def decide(agreed: dict, step: int) -> DelayChoice:
-    """The choice from ``DelayMeter.summary()`` reduced with ``max`` over ranks (the same on every rank)."""
+    """The choice from ``DelayMeter.summary()`` reduced with ``max`` over ranks, plus the probed
+    ``cpu`` when there is one (the same on every rank)."""
     c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
+    cpu, u = max(0.0, float(agreed.get("cpu", 0.0))), max(0.0, float(agreed.get("u", 0.0)))
     # A clock too coarse to see the compute (c = 0) means compute is negligible: the longest delay.
-    k = choose_delay(c, T) if c > 0 else (DELAY_RANGE[0] if T <= 0 else DELAY_RANGE[1])
-    return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest)
+    k = choose_delay(c, T, cpu + u) if c > 0 else (DELAY_RANGE[0] if T <= 0 else DELAY_RANGE[1])
+    return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u)

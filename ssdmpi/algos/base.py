@@ -213,17 +213,25 @@ class Algorithm:
     def _measured_ssgd_step(self, x, y) -> float:
         """``_ssgd_step``, timed for ``--delay auto``: the allreduce's time is what ``comm.stats``
         recorded during the step (the loop resets the stats only between steps); the rest of the
-        step (forward, backward, the update) is compute. On a GPU the update is still running
-        when the step returns: it lands in the next step's compute, before its synchronize."""
-        t0, T0 = time.perf_counter(), self.comm.stats.inflight_s
+        step (forward, backward, the update) is compute, and the update is that less forward and
+        backward. On a GPU the update is still running when the step returns: it lands in the next
+        step's compute, before its synchronize."""
+        t0, T0, fb0 = time.perf_counter(), self.comm.stats.inflight_s, self.phases.fb_s
         loss = self._ssgd_step(x, y)
         T = self.comm.stats.inflight_s - T0
-        self._meter.add(time.perf_counter() - t0 - T, T)
+        c = time.perf_counter() - t0 - T
+        self._meter.add(c, T, c - (self.phases.fb_s - fb0))
         return loss
 
     def _choose_delay(self) -> None:
-        """Collective, at the switch: agree on ``k`` (auto_delay.py) and report it."""
-        self.delay_choice = self._meter.choose(self.comm, self.t)
+        """Collective, at the switch: agree on ``k`` (auto_delay.py, with its CPU probe on a scratch
+        buffer: no weight changes) and report it."""
+        n = self.model.grads.size
+
+        def probe(fraction: float) -> float:
+            return auto_delay.probe_cpu(self.comm, self.xp.zeros(max(1, int(fraction * n)), self.model.grads.dtype))
+
+        self.delay_choice = self._meter.choose(self.comm, self.t, probe)
         self.k = self.delay_choice.k
         if self.on_delay_chosen is not None:
             self.on_delay_chosen(self.delay_choice)

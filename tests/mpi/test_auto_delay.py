@@ -35,12 +35,15 @@ ADD = DelayMeter.add
 
 def inject(monkeypatch, compute_s: float, allreduce_s: float, seed: int = 0, skew: float = 0.01, noise: float = 0.02):
     """Make every rank's meter see these times: compute slower by ``skew`` per rank, both times
-    with uniform noise of +-``noise``."""
+    with uniform noise of +-``noise``, and no update time; the CPU probe still runs its
+    allreduces, but reports no CPU time (so k is the hide rule's, as ``times_for`` computes it)."""
+    real_probe = auto_delay.probe_cpu
+    monkeypatch.setattr(auto_delay, "probe_cpu", lambda comm, buf, *a, **kw: real_probe(comm, buf, *a, **kw) * 0.0)
     rank = MPI.COMM_WORLD.Get_rank()
     rng = np.random.default_rng(seed + 17 * rank)
     original = ADD
 
-    def add(self, c, T):
+    def add(self, c, T, u=0.0):
         original(self, compute_s * (1 + skew * rank) * rng.uniform(1 - noise, 1 + noise),
                  allreduce_s * rng.uniform(1 - noise, 1 + noise))
 

@@ -3,12 +3,15 @@ ranks (simulated), and the settings it refuses. The MPI side is tests/mpi/test_a
 
 import math
 import random
+import time
 
 import numpy as np
 import pytest
 
 from ssdmpi.algos import AlgoConfig
-from ssdmpi.algos.auto_delay import DELAY_RANGE, MIN_WARMUP_STEPS, WINDOW, DelayChoice, DelayMeter, choose_delay, decide
+from ssdmpi.algos import auto_delay
+from ssdmpi.algos.auto_delay import (DELAY_RANGE, MIN_WARMUP_STEPS, SLACK, WINDOW, DelayChoice, DelayMeter,
+                                     choose_delay, decide)
 from ssdmpi.errors import UserError
 
 # --- choose_delay --------------------------------------------------------------------------
@@ -60,6 +63,126 @@ def test_choose_delay_rejects_nonsense(c, T):
 def test_choose_delay_rejects_bad_bounds(lo, hi):
     with pytest.raises(ValueError):
         choose_delay(0.1, 0.5, lo=lo, hi=hi)
+
+
+@pytest.mark.parametrize("c, T, W, k", [
+    (0.0878, 0.1399, 0.0696, 11),   # BENCHMARKS.md section 13, 10 Gbit/s: hiding needs 2, amortising the CPU 11
+    (0.0858, 1.3124, 0.1133, 16),   # 1 Gbit/s: hiding the wire time needs 16, the CPU is amortised by then
+    (0.1, 0.05, 0.0, 1),            # no CPU cost in flight (a spare core, offload): the hide rule alone
+    (0.1, 0.05, 100.0, 31),         # the CPU cost dominates: k = 31 costs within 5% of the longest delay
+])
+def test_choose_delay_also_amortises_the_cpu_an_allreduce_in_flight_takes(c, T, W, k):
+    assert choose_delay(c, T, W) == k
+
+
+def test_choose_delay_with_cpu_cost_meets_its_definition():
+    """Random inputs: k meets both conditions, and every smaller k fails one (or k is the bound)."""
+    rng = random.Random(3)
+    lo, hi = DELAY_RANGE
+
+    def ok(k, c, T, W):
+        return k * c >= T and c + W / k <= (1 + SLACK) * (c + W / hi)
+
+    for _ in range(2000):
+        c, T, W = rng.uniform(1e-3, 0.5), rng.uniform(0, 3.0), rng.choice([0.0, rng.uniform(0, 1.0)])
+        k = choose_delay(c, T, W)
+        assert lo <= k <= hi
+        assert ok(k, c, T, W) or k == hi
+        assert not any(ok(j, c, T, W) for j in range(lo, k))
+
+
+@pytest.mark.parametrize("W", [-0.1, math.nan, math.inf])
+def test_choose_delay_rejects_a_bad_cpu_time(W):
+    with pytest.raises(ValueError):
+        choose_delay(0.1, 0.5, W)
+
+
+class FakeHandle:
+    """An allreduce that completes on its ``polls``-th ``test()``."""
+
+    def __init__(self, polls):
+        self.polls, self.tests, self.waited = polls, 0, False
+
+    def test(self):
+        self.tests += 1
+        return self.tests >= self.polls
+
+    def wait(self):
+        self.waited = True
+
+
+class FakeComm:
+    """One rank: ``allreduce_scalars`` returns its input; records what the probe asks of it."""
+
+    def __init__(self, polls=3):
+        self.polls, self.handles, self.barriers, self.scalars = polls, [], 0, []
+
+    def barrier(self):
+        self.barriers += 1
+
+    def allreduce_start(self, buf, average=True):
+        assert average is False           # a sum: the probe's buffer is scratch
+        self.handles.append(FakeHandle(self.polls))
+        return self.handles[-1]
+
+    def allreduce_scalars(self, values, op="sum"):
+        assert op == "max"
+        self.scalars.append(dict(values))
+        return dict(values)
+
+
+def test_probe_cpu_is_the_median_thread_cpu_of_polled_allreduces(monkeypatch):
+    cpu = iter([0.0, 0.030, 1.0, 1.010, 2.0, 2.050])     # start/end thread_time of three probes
+    monkeypatch.setattr(time, "thread_time", lambda: next(cpu))
+    sleeps = []
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    comm = FakeComm(polls=3)
+    assert auto_delay.probe_cpu(comm, np.zeros(4), repeats=3) == pytest.approx(0.030)
+    assert comm.barriers == 3 and all(h.waited and h.tests == 3 for h in comm.handles)
+    assert sleeps == [auto_delay.PROBE_POLL_S] * 6         # polled between the tests, never spinning
+
+
+def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
+    """c = 0.1 s, T = 0.4 s: the probe is a quarter of the gradient (about one step of time); its
+    0.02 s of CPU scale to W = 0.08 s for the whole allreduce, and k amortises that."""
+    m = DelayMeter()
+    for _ in range(10):
+        m.add(0.1, 0.4)
+    asked = []
+    choice = m.choose(FakeComm(), step=10, probe=lambda fraction: asked.append(fraction) or 0.02)
+    assert asked == [0.25]
+    assert choice.cpu_s == pytest.approx(0.08) and choice.k == choose_delay(0.1, 0.4, 0.08) == 11
+    assert choice.record()["allreduce_cpu_s"] == pytest.approx(0.08)
+    no_probe = m.choose(FakeComm(), step=10)
+    assert no_probe.cpu_s == 0.0 and no_probe.k == 4
+
+
+def test_the_period_end_update_counts_with_the_probed_cpu():
+    """``u`` (the warm-up's update time) and the probe's CPU time add up to the per-period cost."""
+    m = DelayMeter()
+    for _ in range(10):
+        m.add(0.1, 0.4, 0.03)
+    choice = m.choose(FakeComm(), step=10, probe=lambda fraction: 0.02)
+    assert choice.update_s == pytest.approx(0.03) and choice.cpu_s == pytest.approx(0.08)
+    assert choice.k == choose_delay(0.1, 0.4, 0.08 + 0.03) > choose_delay(0.1, 0.4, 0.08)
+    assert choice.record()["update_s"] == pytest.approx(0.03)
+
+
+def test_warm_up_samples_of_a_checkpoint_from_before_the_update_time_load_with_none():
+    m = DelayMeter()
+    m.load_state_dict({"auto.samples": np.array([[0.1, 0.2], [0.3, 0.4]])})
+    assert m.samples == [(0.1, 0.2, 0.0), (0.3, 0.4, 0.0)]
+    again = DelayMeter()
+    again.load_state_dict(m.state_dict())
+    assert again.samples == m.samples and m.state_dict()["auto.samples"].shape == (2, 3)
+
+
+def test_a_checkpoint_from_before_the_probe_loads_with_no_cpu_cost():
+    choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20, cpu_s=0.03, update_s=0.01)
+    state = choice.state()
+    assert DelayChoice.from_state(state) == choice
+    del state["auto.cpu_s"], state["auto.update_s"]
+    assert DelayChoice.from_state(state).cpu_s == DelayChoice.from_state(state).update_s == 0.0
 
 
 # --- the meter and the agreement ------------------------------------------------------------
@@ -180,7 +303,8 @@ def test_bench_train_knows_the_auto_variant():
 def test_summary_text_names_the_chosen_k():
     from ssdmpi.metrics import summary_text
 
-    choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20)
+    choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20, cpu_s=0.03, update_s=0.01)
     text = summary_text({"algo": "ssd", "step": 100, "delay_auto": choice.record()})
-    assert "delay auto: k = 7 (chosen at step 40: compute 80.0 ms, allreduce 500.0 ms per step)" in text
+    assert ("delay auto: k = 7 (chosen at step 40: compute 80.0 ms, allreduce 500.0 ms per step, "
+            "30.0 ms CPU in flight, update 10.0 ms)") in text
     assert "delay auto" not in summary_text({"algo": "ssd", "step": 100})
