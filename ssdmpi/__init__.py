@@ -6,6 +6,10 @@ See ``docs/ALGORITHM.md`` for the method and ``docs/ARCHITECTURE.md`` for the la
 
 __version__ = "0.1.0"
 
+from ssdmpi.comm import mpi_env  # noqa: E402
+
+mpi_env.apply()  # before anything imports mpi4py: MPI reads these when it starts
+
 from ssdmpi import train  # noqa: E402  (callable: the Python API; see ssdmpi/api.py)
 
 __all__ = ["__version__", "train"]
