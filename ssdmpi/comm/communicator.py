@@ -49,9 +49,9 @@ of two: the same bits). (Checked at 1, 2 and 4 ranks by ``tests/mpi/test_comm.py
 reduced in the caller's thread or on the communication thread (``blocking`` and ``thread``
 strategies, and every blocking call) of a host bucket of at least ``fused_mean.MIN_BYTES`` runs
 ``ssdmpi/comm/fused_mean.py``: a reduce-scatter that divides each piece in cache right after its
-last addition, then an allgather, so the division costs no pass of its own (the sum's elements are
-added in the same pairwise order as MPI's own allreduce at up to 4 ranks: at ``N <= 2`` the bits
-are those of the sum divided). A nonblocking mean under ``test``/``poll`` is MPI's
+last addition, then an allgather, so the division costs no pass of its own (a power-of-two rank
+count adds in the reference simulator's pairwise order; at ``N <= 2`` the bits are those of MPI's
+sum divided). A nonblocking mean under ``test``/``poll`` is MPI's
 ``Iallreduce`` and then a division pass in ``wait``. Callers that can fold ``1/size`` into their
 own update should use ``average=False`` (the trainer's algorithms do): then there is no division
 at all.
