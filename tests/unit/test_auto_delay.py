@@ -8,10 +8,17 @@ import time
 import numpy as np
 import pytest
 
-from ssdmpi.algos import AlgoConfig
-from ssdmpi.algos import auto_delay
-from ssdmpi.algos.auto_delay import (DELAY_RANGE, MIN_WARMUP_STEPS, SLACK, WINDOW, DelayChoice, DelayMeter,
-                                     choose_delay, decide)
+from ssdmpi.algos import AlgoConfig, auto_delay
+from ssdmpi.algos.auto_delay import (
+    DELAY_RANGE,
+    MIN_WARMUP_STEPS,
+    SLACK,
+    WINDOW,
+    DelayChoice,
+    DelayMeter,
+    choose_delay,
+    decide,
+)
 from ssdmpi.errors import UserError
 
 # --- choose_delay --------------------------------------------------------------------------
