@@ -4,8 +4,9 @@
 Contract:
 
 - ``choose_delay(c, T, W=0, lo, hi)``: the smallest ``k`` in ``[lo, hi]`` that meets both
-  (``hi`` when none does): **hide** ``k * c >= T``, ``k`` steps of compute ``c`` cover one
-  allreduce of time ``T``; **amortise** ``c + W/k <= (1 + SLACK) * (c + W/hi)``, the work ``W``
+  (``hi`` when none does): **hide** ``k * c >= (1 + SLACK) * T``, ``k`` steps of compute ``c``
+  cover one allreduce of time ``T`` with a margin (while the allreduce is in flight the compute
+  that hides it runs slower: the cores and the memory are shared with the transfer); **amortise** ``c + W/k <= (1 + SLACK) * (c + W/hi)``, the work ``W``
   that every period adds to its ``k`` steps costs each step at most ``SLACK`` more than at the
   longest delay. ``W`` is the CPU time an allreduce in flight takes from this rank's compute
   (MPI's progress work, done inside the compute thread's ``progress()`` calls on a node without a
@@ -44,14 +45,14 @@ from dataclasses import dataclass
 DELAY_RANGE = (1, 32)     # bounds of the chosen k
 WINDOW = 20               # the last warm-up steps whose medians decide
 MIN_WARMUP_STEPS = 5      # fewer samples than this is not a measurement (the first step is cold)
-SLACK = 0.05              # amortise: a step may cost this much more than at the longest delay
+SLACK = 0.05              # hide with this margin; amortise: a step may cost this much more than at k = hi
 PROBE_REPEATS = 3         # probe allreduces at the switch (their median CPU time counts)
 PROBE_POLL_S = 0.001      # how often a probe is polled: the sleeps are what its CPU time leaves out
 
 
 def choose_delay(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], hi: int = DELAY_RANGE[1]) -> int:
-    """The smallest ``k`` in ``[lo, hi]`` with ``k * c >= T`` and ``c + W/k <= (1 + SLACK) * (c + W/hi)``;
-    ``hi`` when none is.
+    """The smallest ``k`` in ``[lo, hi]`` with ``k * c >= (1 + SLACK) * T`` and
+    ``c + W/k <= (1 + SLACK) * (c + W/hi)``; ``hi`` when none is.
 
     ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0), ``W``: CPU seconds an
     allreduce in flight takes from the compute (>= 0). ``ValueError`` on non-finite or
@@ -62,9 +63,9 @@ def choose_delay(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], h
     if not (math.isfinite(c) and math.isfinite(T) and math.isfinite(W)) or c <= 0 or T < 0 or W < 0:
         raise ValueError(f"need a finite compute time c > 0, allreduce time T >= 0 and CPU time W >= 0, "
                          f"got c={c!r}, T={T!r}, W={W!r}")
-    budget = (1 + SLACK) * (c + W / hi)
+    cover, budget = (1 + SLACK) * T, (1 + SLACK) * (c + W / hi)
     for k in range(lo, hi + 1):
-        if k * c >= T and c + W / k <= budget:
+        if k * c >= cover and c + W / k <= budget:
             return k
     return hi
 
@@ -112,7 +113,7 @@ class DelayChoice:
         return (f"delay auto: k = {self.k} (chosen at step {self.step}: compute {self.compute_s * 1e3:.1f} ms, "
                 f"allreduce {self.allreduce_s * 1e3:.1f} ms per step, {self.cpu_s * 1e3:.1f} ms CPU in flight, "
                 f"update {self.update_s * 1e3:.1f} ms; median of {self.samples} warm-up steps, slowest rank; the "
-                f"smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= allreduce whose per-period "
+                f"smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= {1 + SLACK:g}*allreduce whose per-period "
                 f"CPU and update cost a step at most {SLACK:.0%} more than at k = {DELAY_RANGE[1]})")
 
     def state(self) -> dict:

@@ -27,16 +27,15 @@ from ssdmpi.errors import UserError
 @pytest.mark.parametrize("c, T, k", [
     (0.1, 0.0, 1),          # nothing to hide
     (0.1, 0.05, 1),         # a fast network: the allreduce hides behind one step
-    (0.1, 0.1, 1),          # exactly one step
-    (0.1, 0.1000001, 2),
-    (0.1, 0.3, 3),          # 3 * 0.1 = 0.30000000000000004 >= 0.3 (T / c = 2.9999999999999996)
-    (0.1, 0.7, 7),          # T / c = 6.999999999999999
-    (0.085, 1.29, 16),      # BENCHMARKS.md's 1 Gbit/s case: 85 ms compute, 1.29 s allreduce
+    (0.1, 0.095, 1),        # one step covers it with the 5% margin (0.1 >= 0.09975)
+    (0.1, 0.1, 2),          # one step covers it, but not with the margin
+    (0.1, 0.3, 4),          # 3 steps: 0.30000000000000004 < 0.315
+    (0.085, 1.29, 16),      # BENCHMARKS.md's 1 Gbit/s case: 85 ms compute, 1.29 s allreduce (15.9 steps)
     (0.085, 0.129, 2),      # the same model at 10 Gbit/s
     (0.001, 1.0, 32),       # never hidden within the bound: the longest delay
     (1e-320, 1.0, 32),      # T / c overflows
 ])
-def test_choose_delay_is_the_smallest_k_that_hides_the_allreduce(c, T, k):
+def test_choose_delay_is_the_smallest_k_that_hides_the_allreduce_with_a_margin(c, T, k):
     assert choose_delay(c, T) == k
 
 
@@ -48,14 +47,14 @@ def test_choose_delay_meets_its_definition_exactly_in_floating_point():
         k = choose_delay(c, T)
         assert 1 <= k <= 32
         if k < 32:
-            assert k * c >= T, (c, T, k)
+            assert k * c >= (1 + SLACK) * T, (c, T, k)
         if k > 1:
-            assert (k - 1) * c < T, (c, T, k)
+            assert (k - 1) * c < (1 + SLACK) * T, (c, T, k)
 
 
 def test_choose_delay_bounds():
     assert choose_delay(0.1, 0.0, lo=3, hi=8) == 3
-    assert choose_delay(0.1, 0.5, lo=3, hi=8) == 5
+    assert choose_delay(0.1, 0.5, lo=3, hi=8) == 6
     assert choose_delay(0.1, 5.0, lo=3, hi=8) == 8
     assert DELAY_RANGE == (1, 32)
 
@@ -74,7 +73,7 @@ def test_choose_delay_rejects_bad_bounds(lo, hi):
 
 @pytest.mark.parametrize("c, T, W, k", [
     (0.0878, 0.1399, 0.0696, 11),   # BENCHMARKS.md section 13, 10 Gbit/s: hiding needs 2, amortising the CPU 11
-    (0.0858, 1.3124, 0.1133, 16),   # 1 Gbit/s: hiding the wire time needs 16, the CPU is amortised by then
+    (0.0858, 1.3124, 0.1133, 17),   # 1 Gbit/s: hiding the wire time needs 17, the CPU is amortised by then
     (0.1, 0.05, 0.0, 1),            # no CPU cost in flight (a spare core, offload): the hide rule alone
     (0.1, 0.05, 100.0, 31),         # the CPU cost dominates: k = 31 costs within 5% of the longest delay
 ])
@@ -88,7 +87,7 @@ def test_choose_delay_with_cpu_cost_meets_its_definition():
     lo, hi = DELAY_RANGE
 
     def ok(k, c, T, W):
-        return k * c >= T and c + W / k <= (1 + SLACK) * (c + W / hi)
+        return k * c >= (1 + SLACK) * T and c + W / k <= (1 + SLACK) * (c + W / hi)
 
     for _ in range(2000):
         c, T, W = rng.uniform(1e-3, 0.5), rng.uniform(0, 3.0), rng.choice([0.0, rng.uniform(0, 1.0)])
@@ -161,7 +160,7 @@ def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
     assert choice.cpu_s == pytest.approx(0.08) and choice.k == choose_delay(0.1, 0.4, 0.08) == 11
     assert choice.record()["allreduce_cpu_s"] == pytest.approx(0.08)
     no_probe = m.choose(FakeComm(), step=10)
-    assert no_probe.cpu_s == 0.0 and no_probe.k == 4
+    assert no_probe.cpu_s == 0.0 and no_probe.k == 5      # 4 steps cover 0.4 s, but not 0.42
 
 
 def test_the_period_end_update_counts_with_the_probed_cpu():
