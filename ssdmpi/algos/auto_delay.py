@@ -6,12 +6,13 @@ Contract:
 - ``choose_delay(c, T, W=0, lo, hi)``: the smallest ``k`` in ``[lo, hi]`` that meets both
   (``hi`` when none does): **hide** ``k * c >= (1 + SLACK) * T``, ``k`` steps of compute ``c``
   cover one allreduce of time ``T`` with a margin (while the allreduce is in flight the compute
-  that hides it runs slower: the cores and the memory are shared with the transfer); **amortise** ``c + W/k <= (1 + SLACK) * (c + W/hi)``, the work ``W``
-  that every period adds to its ``k`` steps costs each step at most ``SLACK`` more than at the
-  longest delay. ``W`` is the CPU time an allreduce in flight takes from this rank's compute
-  (MPI's progress work, done inside the compute thread's ``progress()`` calls on a node without a
-  spare core) plus the period-end update (a pass over the model's buffers, measured as the
-  warm-up's global update). ``W = 0`` is the hide rule alone. Pure.
+  that hides it runs slower: the cores and the memory are shared with the transfer); **amortise**
+  ``c + W/k <= (1 + SLACK) * (c + W/hi)``, the work ``W`` that every period adds to its ``k``
+  steps costs each step at most ``SLACK`` more than at the longest delay. ``W`` is the CPU time an
+  allreduce in flight takes from this rank's compute (MPI's progress work, done inside the compute
+  thread's ``progress()`` calls on a node without a spare core) plus the period-end update (a pass
+  over the model's buffers, measured as the warm-up's global update). ``W = 0`` is the hide rule
+  alone. Pure.
 - ``probe_cpu(comm, buf, repeats)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
   of ``buf`` started with ``allreduce_start`` and polled every millisecond with ``test()``
   (the median of ``repeats``): the work that moves the data, without the waiting (a blocking
@@ -28,8 +29,8 @@ Contract:
   ``choose_delay(c, T, cpu_s + u)``. Every rank computes the same function of the same numbers, so
   every rank gets the same ``k``, however noisy its own clock. The median drops a cold first
   step and the odd pause; the maximum over ranks is the slowest rank, which sets the pace.
-- ``DelayChoice``: the result (``k``, the agreed ``compute_s`` and ``allreduce_s``, the step it
-  was chosen at, the samples per rank); ``record()`` is its ``kind: delay`` metrics record.
+- ``DelayChoice``: the result (``k``, the agreed ``compute_s``, ``allreduce_s``, ``cpu_s`` and
+  ``update_s``, the step it was chosen at, the samples per rank); ``record()`` is its ``kind: delay`` metrics record.
 
 The algorithm (``ssdmpi/algos/base.py``) owns the meter and the choice, checkpoints both
 (``state_dict``) and restores them: a run resumed after the choice keeps its ``k`` and never
@@ -54,8 +55,9 @@ def choose_delay(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], h
     """The smallest ``k`` in ``[lo, hi]`` with ``k * c >= (1 + SLACK) * T`` and
     ``c + W/k <= (1 + SLACK) * (c + W/hi)``; ``hi`` when none is.
 
-    ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0), ``W``: CPU seconds an
-    allreduce in flight takes from the compute (>= 0). ``ValueError`` on non-finite or
+    ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0), ``W``: seconds of work
+    each period adds (the CPU an allreduce in flight takes from the compute, the period-end
+    update; >= 0). ``ValueError`` on non-finite or
     out-of-range input (the trainer never passes such; a test does).
     """
     if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
@@ -113,8 +115,8 @@ class DelayChoice:
         return (f"delay auto: k = {self.k} (chosen at step {self.step}: compute {self.compute_s * 1e3:.1f} ms, "
                 f"allreduce {self.allreduce_s * 1e3:.1f} ms per step, {self.cpu_s * 1e3:.1f} ms CPU in flight, "
                 f"update {self.update_s * 1e3:.1f} ms; median of {self.samples} warm-up steps, slowest rank; the "
-                f"smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= {1 + SLACK:g}*allreduce whose per-period "
-                f"CPU and update cost a step at most {SLACK:.0%} more than at k = {DELAY_RANGE[1]})")
+                f"smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= {1 + SLACK:g}*allreduce whose "
+                f"per-period CPU and update cost a step at most {SLACK:.0%} more than at k = {DELAY_RANGE[1]})")
 
     def state(self) -> dict:
         """Plain scalars for the checkpoint (``auto.*`` keys of the algorithm's state)."""
