@@ -4,13 +4,12 @@ float64 sums, the same bytes on every rank, and the summation order it promises 
 by the rank count, shorter than it, and split into many pieces. Other rank counts (the ring):
 tests/unit/test_fused_mean.py launches 3 and 6 ranks."""
 
-import hashlib
-
 import numpy as np
 import pytest
 
 from ssdmpi.comm import fused_mean
 from ssdmpi.comm.communicator import Communicator
+from tests.mpi.test_comm import same_bytes_everywhere
 
 LENGTHS = [1, 3, 4, 1000, 4099, (1 << 18) + 3]
 
@@ -20,9 +19,9 @@ def inputs(size: int, n: int, dtype) -> list:
     return [np.random.default_rng(50 + r).standard_normal(n).astype(dtype) for r in range(size)]
 
 
-def same_bytes_everywhere(comm, array) -> bool:
-    digests = comm.allgather(hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest())
-    return len(set(digests)) == 1
+def mean_of(xs: list):
+    """The mean of the ranks' inputs, in float64 (the tolerance reference)."""
+    return np.mean(np.array(xs, dtype=np.float64), axis=0)
 
 
 class Recording:
@@ -60,7 +59,7 @@ def test_mean_is_the_pairwise_sum_divided_with_the_same_bytes_everywhere(comm, f
     xs = inputs(size, n, dtype)
     buf = xs[comm.Get_rank()].copy()
     fused(piece_bytes)(buf)
-    np.testing.assert_allclose(buf, np.mean(np.array(xs, dtype=np.float64), axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(buf, mean_of(xs), rtol=1e-5, atol=1e-6)
     assert same_bytes_everywhere(comm, buf)
     if fused_mean.is_power_of_two(size):
         total = xs
@@ -80,7 +79,7 @@ def test_memory_around_the_buffer_is_untouched(comm, fused):
     view[:] = xs[comm.Get_rank()]
     fused(64)(view)
     assert np.all(big[:10] == -3.0) and np.all(big[-10:] == -3.0)
-    np.testing.assert_allclose(view, np.mean(np.array(xs, dtype=np.float64), axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(view, mean_of(xs), rtol=1e-5, atol=1e-6)
 
 
 def test_communicator_blocking_mean_of_large_buckets_uses_it(comm):
@@ -93,7 +92,7 @@ def test_communicator_blocking_mean_of_large_buckets_uses_it(comm):
         c._fused_mean = recording = Recording(c._fused_mean)
         buf = xs[comm.Get_rank()].copy()
         c.allreduce_mean(buf)
-    np.testing.assert_allclose(buf, np.mean(np.array(xs, dtype=np.float64), axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(buf, mean_of(xs), rtol=1e-5, atol=1e-6)
     assert same_bytes_everywhere(comm, buf)
     assert recording.sizes == ([fused_mean.MIN_BYTES] * 3 if size > 1 else [])
 
