@@ -73,12 +73,17 @@ def add_arguments(parser) -> None:
 class Stop:
     """The signal flags: handlers set them, the loop reads them at synchronisation points.
 
-    A context manager: entering installs the handlers, leaving restores the previous ones.
+    A context manager: entering installs the handlers, leaving restores the previous ones,
+    except that ``exiting=True`` (the command line, whose process ends with the run) leaves
+    SIGUSR1 ignored: a lead-time signal that arrives after the last step, while the process
+    shuts down (MPI_Finalize, the interpreter's exit), has nothing left to checkpoint and must
+    not kill the rank of a finished run (its job would fail with 138 instead of completing).
     """
 
-    def __init__(self):
+    def __init__(self, exiting: bool = False):
         self.preempt = 0      # SIGUSR1 / SIGTERM seen: checkpoint, exit 85
         self.interrupt = 0    # SIGINT seen: checkpoint, exit 130
+        self.exiting = exiting
         self.previous = {}
 
     def __enter__(self) -> Stop:
@@ -99,7 +104,7 @@ class Stop:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if self.exiting and sig == signal.SIGUSR1 else handler)
         self.previous = {}
 
 
@@ -116,12 +121,13 @@ def run(args) -> int:
         from ssdmpi.run_setup import print_config
 
         return print_config(args)
-    return run_job(args)[0]
+    return run_job(args, exiting=True)[0]
 
 
-def run_job(args, model=None, dataset=None):
+def run_job(args, model=None, dataset=None, exiting: bool = False):
     """Collective: one run; ``(exit code, Job)``. ``model``/``dataset`` (the Python API,
-    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name.
+    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``exiting``: the
+    process ends after this run (``Stop``).
 
     Every resource (signal handlers, communicator, loader, metrics files) is entered into
     one ExitStack, which frees it on every exit path. The signal handlers go in first, so
@@ -134,7 +140,7 @@ def run_job(args, model=None, dataset=None):
     from ssdmpi.comm.communicator import Communicator
 
     with contextlib.ExitStack() as resources:
-        stop = resources.enter_context(Stop())
+        stop = resources.enter_context(Stop(exiting))
         # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and
         #    resolves; every rank gets the same TrainConfig.
         rank, size = world.rank_and_size()

@@ -37,11 +37,15 @@ from tests.slurm.conftest import JOBS, ROOT
 
 h5py = pytest.importorskip("h5py")
 
-# Small settings for every job. A step takes ~1 ms on an idle machine (and ~30 ms on a busy
-# one): 1000 steps keep the signal, sent after step 20, well inside the run even when idle.
-# Batch 4 makes epochs long (180 steps), so few of the always-written epoch checkpoints.
+# Small settings for every job. The signal, sent once step 20 is logged, reaches the ranks
+# 0.1-0.3 s later (the poll, scancel, slurmstepd, the batch shell's trap, the launcher): the
+# 768-wide hidden layers make a step take ~2.5 ms on an idle machine, so that 1000 steps keep
+# it well inside the run. (With the default 128-wide layer a step took 0.1 ms and the run could
+# end first: the signal then hit a finished run.) Batch 4 makes epochs long (180 steps), so few
+# of the always-written epoch checkpoints.
 STEPS = 1000
-TRAIN_ARGS = (f"--dataset digits --model mlp --steps {STEPS} --batch-size 4 --algo ssd --delay 3 --comm period "
+TRAIN_ARGS = (f"--dataset digits --model mlp --widths 768,768 --steps {STEPS} --batch-size 4 --algo ssd --delay 3 "
+              "--comm period "
               "--warmup-steps 20 --checkpoint-every 200 --keep-checkpoints 0 --eval-every 0 --log-every 5 "
               "--seed 3 --no-progress-bar")
 JOB_TIMEOUT = 420
@@ -113,7 +117,7 @@ def signal_mid_training(cluster, job, run_dir: Path, out: Path, after_step: int 
     while not [r for r in records(run_dir, "step") if r["step"] >= after_step]:
         if time.monotonic() > deadline or cluster.finished(job):
             pytest.fail(f"job {job} never logged step {after_step}\n{cluster.explain(job, [out])}")
-        time.sleep(0.2)
+        time.sleep(0.05)
     cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
 
 

@@ -122,3 +122,22 @@ def test_a_signal_to_the_launcher_reaches_every_rank(tmp_path, sig):
     finally:
         out, err = finish(proc)
     assert_checkpointed_and_stopped(run, proc, out, err)
+
+
+# ``python -c LATE_SIGNAL ARGS``: ``ssdmpi ARGS``, then a SIGUSR1 to itself after the run has
+# returned, in the shutdown window a lead-time signal can still hit (MPI_Finalize follows).
+LATE_SIGNAL = ("import os, signal, sys; from ssdmpi.cli import main; rc = main(sys.argv[1:]); "
+               "os.kill(os.getpid(), signal.SIGUSR1); sys.exit(rc)")
+
+
+@pytest.mark.timeout(300)
+def test_a_signal_after_the_last_step_does_not_fail_a_finished_run(tmp_path):
+    """The Slurm job of a run that had finished failed with 138 when the lead-time signal came
+    as its ranks shut down: the handlers had been restored to SIGUSR1's default (terminate)."""
+    run = tmp_path / "run"
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", LATE_SIGNAL, "train", "--run-dir", str(run),
+                           "--steps", "20"] + SMALL, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "ssdmpi train: done" in proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["step"] == 20
