@@ -27,6 +27,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 
+from ssdmpi.algos.auto_delay import DELAY_RANGE
 from ssdmpi.algos.config import (
     ALGOS,
     ASGD_ORDERS,
@@ -85,6 +86,7 @@ class TrainConfig:
     # ssdmpi.algos.config); a setting that does not apply to --algo is an error.
     algo: str = "ssd"
     delay: int | str | None = None     # k, or "auto" (chosen from the warm-up's measurements)
+    delay_max: int | None = None       # the largest k --delay auto may choose
     warmup_steps: int | None = None    # SSGD warm-up iterations (None and no warmup_epochs: 0)
     warmup_epochs: float | None = None
     comm: str | None = None            # communication schedule of ssd
@@ -148,6 +150,8 @@ class TrainConfig:
             positive_int("steps", self.steps)
         if self.delay is not None and self.delay != "auto":
             positive_int("delay", self.delay)
+        if self.delay_max is not None:
+            positive_int("delay-max", self.delay_max)
         if self.widths is not None:
             if not isinstance(self.widths, (list, tuple)) or not self.widths or \
                     not all(is_int(w) and w > 0 for w in self.widths):
@@ -288,6 +292,7 @@ def _algorithm_defaults() -> dict:
     """Help text of the settings whose default depends on ``--algo`` (``AlgoConfig`` decides)."""
     return {
         "delay": f"{DEFAULT_DELAY} (the algorithm's; odsgd: 1)",
+        "delay_max": f"{DELAY_RANGE[1]} with --delay auto",
         "comm": f"{DEFAULT_COMM} (ssd's; odsgd: step)",
         "servers": f"{DEFAULT_SERVERS} with --algo asgd",
         "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
@@ -332,6 +337,7 @@ def default_help(name: str, presets: dict | None = None) -> str:
 # Where each algorithm setting means something: --print-config's comment on one that does not.
 _APPLIES_TO = {
     "delay": "--algo ssd, odsgd or localsgd",
+    "delay_max": "--delay auto",
     "comm": "--algo ssd",
     "period_rule": "--algo ssd --comm period",
     "local_update": "--comm step or --period-rule replay",
@@ -345,8 +351,8 @@ _APPLIES_TO = {
 
 def _algo_values(cfg: TrainConfig) -> dict:
     """``AlgoConfig`` keywords of ``cfg``'s algorithm settings, to check which apply without the
-    data (``delay auto`` and a local schedule stand in as a valid k and schedule)."""
-    return dict(algo=cfg.algo, delay=1 if cfg.delay == "auto" else cfg.delay, comm=cfg.comm,
+    data (a local schedule stands in as a valid schedule)."""
+    return dict(algo=cfg.algo, delay=cfg.delay, delay_max=cfg.delay_max, comm=cfg.comm,
                 period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
                 local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
                 glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
@@ -437,6 +443,9 @@ _FLAGS = {
          "auto: the smallest k (1-32) that hides the allreduce and amortises the CPU time it takes in "
          "flight, measured in the SSGD warm-up "
          "(needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)"),
+        ("delay_max", {"type": int, "metavar": "K"},
+         "the largest k --delay auto may choose: a cap on staleness for a model whose accuracy drops at long "
+         "periods (e.g. 5: the accuracy table's k; below what hiding the allreduce needs, part of it is exposed)"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
          "SSGD warm-up in epochs (instead of --warmup-steps)"),
@@ -623,7 +632,8 @@ def build(settings: dict) -> TrainConfig:
     return cfg.validate()
 
 
-ALGO_SETTINGS = ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule", "glu_divisor")
+ALGO_SETTINGS = ("delay", "delay_max", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
+                 "glu_divisor")
 # A resumed run does not take these from the checkpoint (threads and GPU belong to the machine, not the run).
 NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar", "threads", "gpu_id")
 
@@ -709,7 +719,7 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
     user's own inapplicable settings are a ``UserError``.
     """
     values = dict(
-        algo=cfg.algo, delay=cfg.delay, warmup_steps=cfg.warmup_iterations(steps_per_epoch),
+        algo=cfg.algo, delay=cfg.delay, delay_max=cfg.delay_max, warmup_steps=cfg.warmup_iterations(steps_per_epoch),
         comm=cfg.comm, period_rule=cfg.period_rule, local_update=cfg.local_update, lr=cfg.lr,
         lr_schedule=schedule_in_steps(cfg.lr_schedule, steps_per_epoch),
         lr_warmup_steps=int(round(cfg.lr_warmup_epochs * steps_per_epoch)), total_steps=total_steps,
@@ -718,8 +728,7 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
         else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
         momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor,
         servers=cfg.servers, asgd_order=cfg.asgd_order)
-    droppable = [k for k in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
-                             "glu_divisor") if k in soft]
+    droppable = [k for k in ALGO_SETTINGS if k in soft]
     try:
         return AlgoConfig(**values).validate(world_size)
     except UserError:
@@ -759,7 +768,7 @@ def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
     """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
     out = dataclasses.replace(cfg)
-    for key in ("delay", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order"):
+    for key in ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order"):
         setattr(out, key, getattr(algo_cfg, key))
     if out.warmup_epochs is None:
         out.warmup_steps = int(algo_cfg.warmup_steps)

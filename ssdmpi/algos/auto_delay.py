@@ -30,7 +30,13 @@ Contract:
   every rank gets the same ``k``, however noisy its own clock. The median drops a cold first
   step and the odd pause; the maximum over ranks is the slowest rank, which sets the pace.
 - ``DelayChoice``: the result (``k``, the agreed ``compute_s``, ``allreduce_s``, ``cpu_s`` and
-  ``update_s``, the step it was chosen at, the samples per rank); ``record()`` is its ``kind: delay`` metrics record.
+  ``update_s``, the step it was chosen at, the samples per rank, the largest ``k`` allowed);
+  ``record()`` is its ``kind: delay`` metrics record.
+
+``hi`` is ``--delay-max`` (default ``DELAY_RANGE[1]``): a cap on staleness for a model whose
+accuracy suffers at long periods. Both conditions are then judged within ``[1, hi]`` (amortise
+against ``k = hi``), so a cap below what hiding needs leaves part of the allreduce exposed: the
+user's trade of speed for accuracy (docs/ALGORITHM.md section 12).
 
 The algorithm (``ssdmpi/algos/base.py``) owns the meter and the choice, checkpoints both
 (``state_dict``) and restores them: a run resumed after the choice keeps its ``k`` and never
@@ -43,7 +49,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-DELAY_RANGE = (1, 32)     # bounds of the chosen k
+DELAY_RANGE = (1, 32)     # bounds of the chosen k (the upper one unless --delay-max sets another)
 WINDOW = 20               # the last warm-up steps whose medians decide
 MIN_WARMUP_STEPS = 5      # fewer samples than this is not a measurement (the first step is cold)
 SLACK = 0.05              # hide with this margin; amortise: a step may cost this much more than at k = hi
@@ -103,41 +109,45 @@ class DelayChoice:
     samples: int          # warm-up steps the medians are over (the smallest count of any rank)
     cpu_s: float = 0.0    # CPU seconds one allreduce in flight takes from the compute (probed; slowest rank)
     update_s: float = 0.0  # seconds of the global update per warm-up step (the period-end pass's stand-in)
+    hi: int = DELAY_RANGE[1]  # the largest k it could choose (--delay-max)
 
     def record(self) -> dict:
         """The ``kind: delay`` metrics record (ssdmpi/metrics.py)."""
         return {"kind": "delay", "step": self.step, "delay": self.k, "compute_s": self.compute_s,
                 "allreduce_s": self.allreduce_s, "allreduce_cpu_s": self.cpu_s, "update_s": self.update_s,
-                "samples": self.samples, "range": list(DELAY_RANGE)}
+                "samples": self.samples, "range": [DELAY_RANGE[0], self.hi]}
 
     def text(self) -> str:
         """One line for the display and the summary."""
         return (f"delay auto: k = {self.k} (chosen at step {self.step}: compute {self.compute_s * 1e3:.1f} ms, "
                 f"allreduce {self.allreduce_s * 1e3:.1f} ms per step, {self.cpu_s * 1e3:.1f} ms CPU in flight, "
                 f"update {self.update_s * 1e3:.1f} ms; median of {self.samples} warm-up steps, slowest rank; the "
-                f"smallest k in {DELAY_RANGE[0]}-{DELAY_RANGE[1]} with k*compute >= {1 + SLACK:g}*allreduce whose "
-                f"per-period CPU and update cost a step at most {SLACK:.0%} more than at k = {DELAY_RANGE[1]})")
+                f"smallest k in {DELAY_RANGE[0]}-{self.hi} with k*compute >= {1 + SLACK:g}*allreduce whose "
+                f"per-period CPU and update cost a step at most {SLACK:.0%} more than at k = {self.hi})")
 
     def state(self) -> dict:
         """Plain scalars for the checkpoint (``auto.*`` keys of the algorithm's state)."""
         return {"auto.k": self.k, "auto.compute_s": self.compute_s, "auto.allreduce_s": self.allreduce_s,
                 "auto.step": self.step, "auto.samples": self.samples, "auto.cpu_s": self.cpu_s,
-                "auto.update_s": self.update_s}
+                "auto.update_s": self.update_s, "auto.hi": self.hi}
 
     @classmethod
     def from_state(cls, d: dict) -> DelayChoice:
         """From ``state()``; a checkpoint written before the probe existed has no ``auto.cpu_s`` or
-        ``auto.update_s`` (0: its ``k`` came from the hide rule alone)."""
+        ``auto.update_s`` (0: its ``k`` came from the hide rule alone), one written before
+        ``--delay-max`` no ``auto.hi`` (it was ``DELAY_RANGE[1]``)."""
         return cls(int(d["auto.k"]), float(d["auto.compute_s"]), float(d["auto.allreduce_s"]),
                    int(d["auto.step"]), int(d["auto.samples"]), float(d.get("auto.cpu_s", 0.0)),
-                   float(d.get("auto.update_s", 0.0)))
+                   float(d.get("auto.update_s", 0.0)), int(d.get("auto.hi", DELAY_RANGE[1])))
 
 
 class DelayMeter:
-    """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s, update_s)``."""
+    """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s, update_s)``;
+    ``hi``: the largest ``k`` to choose (``--delay-max``)."""
 
-    def __init__(self, window: int = WINDOW):
+    def __init__(self, window: int = WINDOW, hi: int = DELAY_RANGE[1]):
         self.window = int(window)
+        self.hi = int(hi)
         self.samples: list = []
 
     def add(self, compute_s: float, allreduce_s: float, update_s: float = 0.0) -> None:
@@ -154,7 +164,7 @@ class DelayMeter:
             fraction = min(1.0, c / T) if c > 0 else 1.0      # the same on every rank: agreed inputs
             cpu = comm.allreduce_scalars({"cpu": probe(fraction)}, op="max")["cpu"]
             agreed = dict(agreed, cpu=cpu / fraction)
-        return decide(agreed, step)
+        return decide(agreed, step, self.hi)
 
     def summary(self) -> dict:
         """This rank's side of the agreement: its medians, and ``-n`` (so the max is the fewest samples)."""
@@ -181,11 +191,13 @@ class DelayMeter:
                         for row in rows.reshape(-1, width)][-self.window:]
 
 
-def decide(agreed: dict, step: int) -> DelayChoice:
-    """The choice from ``DelayMeter.summary()`` reduced with ``max`` over ranks, plus the probed
-    ``cpu`` when there is one (the same on every rank)."""
+def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1]) -> DelayChoice:
+    """The choice in ``[DELAY_RANGE[0], hi]`` from ``DelayMeter.summary()`` reduced with ``max``
+    over ranks, plus the probed ``cpu`` when there is one (the same on every rank)."""
     c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
     cpu, u = max(0.0, float(agreed.get("cpu", 0.0))), max(0.0, float(agreed.get("u", 0.0)))
     # A clock too coarse to see the compute (c = 0) means compute is negligible: the longest delay.
-    k = choose_delay(c, T, cpu + u) if c > 0 else (DELAY_RANGE[0] if T <= 0 else DELAY_RANGE[1])
-    return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u)
+    lo = DELAY_RANGE[0]
+    k = choose_delay(c, T, cpu + u, lo, hi) if c > 0 else (lo if T <= 0 else hi)
+    return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u,
+                       hi=hi)

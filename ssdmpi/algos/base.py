@@ -46,7 +46,7 @@ class Algorithm:
         self.k = None if self.auto else config.delay
         self.delay_choice = None          # --delay auto: the DelayChoice, once made
         self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
-        self._meter = auto_delay.DelayMeter() if self.auto else None
+        self._meter = auto_delay.DelayMeter(hi=config.delay_max) if self.auto else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()

@@ -54,6 +54,7 @@ class AlgoConfig:
 
     algo: str = "ssd"                     # ssgd | ssd | odsgd | localsgd | asgd
     delay: int | str | None = None        # k, or "auto" (auto_delay.py); None: 5 (ssd, localsgd), 1 (odsgd)
+    delay_max: int | None = None          # the largest k of --delay auto; None: DELAY_RANGE[1] (32)
     warmup_steps: int = 500               # T_w: SSGD iterations before the delay stage
     comm: str | None = None               # step | period (ssd); None: DEFAULT_COMM for ssd, step for odsgd
     period_rule: str | None = None        # rule of --comm period; None: DEFAULT_PERIOD_RULE
@@ -120,7 +121,8 @@ class AlgoConfig:
         delay = self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None)
         if delay == "auto":
             _check_auto_warmup(self.warmup_steps)
-        resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay)
+        resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay,
+                                       delay_max=_delay_max(self.delay_max, delay))
         uses_local = resolved.uses_local_update()
         if self.local_update is not None:
             choice("local-update", self.local_update, LOCAL_UPDATES)
@@ -158,7 +160,8 @@ class AlgoConfig:
         if self.algo != "asgd":
             flag = "--servers" if self.servers is not None else "--asgd-order"
             raise UserError(f"{flag} applies only to --algo asgd; drop it")
-        for name in ("delay", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule", "glu_divisor"):
+        for name in ("delay", "delay_max", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
+                     "glu_divisor"):
             if getattr(self, name) is not None:
                 raise UserError(f"--{name.replace('_', '-')} does not apply to --algo asgd "
                                 "(a parameter server applying each push); drop it")
@@ -198,6 +201,21 @@ class AlgoConfig:
             if isinstance(d[key], dict):
                 d[key] = repr(sorted(d[key].items()))
         return d
+
+
+def _delay_max(delay_max, delay) -> int | None:
+    """The resolved ``--delay-max``: the cap of ``--delay auto`` (default ``DELAY_RANGE[1]``), None
+    with a fixed delay; ``UserError`` when it is set without ``--delay auto`` or is not a k."""
+    from ssdmpi.algos.auto_delay import DELAY_RANGE
+
+    if delay_max is None:
+        return DELAY_RANGE[1] if delay == "auto" else None
+    if delay != "auto":
+        raise UserError("--delay-max applies only to --delay auto (it caps the k auto chooses); drop it")
+    if not is_int(delay_max) or delay_max < DELAY_RANGE[0]:
+        raise UserError(f"--delay-max must be an integer >= {DELAY_RANGE[0]} (the largest k --delay auto may "
+                        f"choose), got {delay_max!r}")
+    return int(delay_max)
 
 
 def _check_auto_warmup(warmup_steps: int) -> None:

@@ -166,9 +166,29 @@ def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch
     run = os.path.join(tmp, "run")
     seen = []
     original = auto_delay.decide
-    monkeypatch.setattr(auto_delay, "decide", lambda agreed, step: seen.append(agreed) or original(agreed, step))
+    monkeypatch.setattr(auto_delay, "decide", lambda agreed, *a: seen.append(agreed) or original(agreed, *a))
     inject(monkeypatch, *times_for(2), seed=3)
     assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--stop-at-step", "5"] + ARGS)) == \
         [REQUEUE_EXIT] * size
     assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--resume", "auto"] + ARGS)) == [0] * size
     assert len(seen) == 1 and seen[0]["fewest"] == -WARMUP     # 5 steps before the stop + 3 after
+
+
+@pytest.mark.timeout(300)
+def test_delay_max_caps_the_choice_and_the_capped_run_equals_that_fixed_k(monkeypatch):
+    """``--delay-max 4`` where the measurements ask for 6: every rank takes 4, the record and the
+    summary say so, and the run is bitwise the fixed ``--delay 4`` run."""
+    size, cap = MPI.COMM_WORLD.Get_size(), 4
+    tmp = shared_tmpdir()
+    fixed, capped = os.path.join(tmp, "fixed"), os.path.join(tmp, "capped")
+    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", str(cap)] + ARGS)) == [0] * size
+    inject(monkeypatch, *times_for(K_OTHER), seed=4)
+    assert all_ranks(main(["train", "--run-dir", capped, "--delay", "auto", "--delay-max", str(cap)] + ARGS)) == \
+        [0] * size
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        (record,) = delay_records(capped)
+        assert record["delay"] == cap and record["range"] == [1, cap], record
+        with open(os.path.join(capped, "config.yaml")) as f:
+            assert f"\ndelay_max: {cap}\n" in f.read()
+    diff = MPI.COMM_WORLD.bcast(same_final_state(fixed, capped) if MPI.COMM_WORLD.Get_rank() == 0 else None)
+    assert diff == [], f"the capped auto run is not bitwise the fixed --delay {cap} run: {diff}"

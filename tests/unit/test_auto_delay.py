@@ -191,6 +191,29 @@ def test_a_checkpoint_from_before_the_probe_loads_with_no_cpu_cost():
     assert DelayChoice.from_state(state).cpu_s == DelayChoice.from_state(state).update_s == 0.0
 
 
+def test_the_cap_is_checkpointed_and_a_checkpoint_from_before_it_loads_with_the_default():
+    choice = DelayChoice(k=4, compute_s=0.08, allreduce_s=0.5, step=40, samples=20, hi=4)
+    state = choice.state()
+    assert DelayChoice.from_state(state) == choice and choice.record()["range"] == [1, 4]
+    del state["auto.hi"]
+    assert DelayChoice.from_state(state).hi == DELAY_RANGE[1]
+
+
+def test_delay_max_caps_the_choice_and_the_amortise_condition_is_judged_against_the_cap():
+    """c = 0.1 s, T = 0.95 s: hiding needs k = 10. ``--delay-max 6`` takes 6 (part of the allreduce
+    exposed); with W = 1 s of CPU per period and no cap, amortising asks for more than hiding does."""
+    m = DelayMeter(hi=6)
+    for _ in range(10):
+        m.add(0.1, 0.95)
+    capped = m.choose(FakeComm(), step=10)
+    assert capped.k == 6 and capped.hi == 6 and "1-6" in capped.text()
+    assert decide({"c": 0.1, "T": 0.95, "fewest": -10}, 10).k == 10
+    free = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10)
+    at_cap = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, hi=8)
+    assert free.k == choose_delay(0.1, 0.2, 1.0) > 8 >= at_cap.k == choose_delay(0.1, 0.2, 1.0, hi=8) >= 3
+    assert decide({"c": 0.0, "T": 0.2, "fewest": -10}, 10, hi=8).k == 8     # "the longest delay" is the cap
+
+
 # --- the meter and the agreement ------------------------------------------------------------
 
 def agree(meters, step=10):
@@ -275,6 +298,18 @@ def test_auto_is_kept_by_validate_for_algorithms_with_a_delay(settings):
     assert cfg.delay == "auto"
 
 
+def test_delay_max_resolves_to_the_range_with_auto_and_is_refused_without_it():
+    assert AlgoConfig(delay="auto", warmup_steps=50).validate(world_size=2).delay_max == DELAY_RANGE[1]
+    assert AlgoConfig(delay="auto", delay_max=5, warmup_steps=50).validate(world_size=2).delay_max == 5
+    assert AlgoConfig(delay=5, warmup_steps=50).validate(world_size=2).delay_max is None
+    for settings, words in [(dict(delay=5), "applies only to --delay auto"), (dict(), "applies only to --delay auto"),
+                            (dict(delay="auto", algo="asgd"), "does not apply to --algo asgd"),
+                            (dict(delay="auto"), "integer >= 1")]:
+        with pytest.raises(UserError, match=words):
+            AlgoConfig(delay_max=0 if words == "integer >= 1" else 5, warmup_steps=50,
+                       **settings).validate(world_size=2)
+
+
 def test_other_strings_are_still_refused():
     with pytest.raises(UserError, match="integer >= 1"):
         AlgoConfig(delay="fast", warmup_steps=50).validate(world_size=2)
@@ -288,6 +323,8 @@ def test_other_strings_are_still_refused():
     (["--delay", "auto", "--warmup-epochs", "0.001"], "needs --warmup-steps >= 5 (got 0)"),
     (["--algo", "ssgd", "--delay", "auto"], "--delay does not apply to --algo ssgd"),
     (["--algo", "asgd", "--delay", "auto"], "--delay does not apply to --algo asgd"),
+    (["--delay", "5", "--delay-max", "8"], "--delay-max applies only to --delay auto (it caps the k auto chooses)"),
+    (["--delay", "auto", "--delay-max", "0"], "--delay-max must be a positive integer, got 0"),
 ])
 def test_bad_auto_settings_are_one_line_and_exit_2(args, needle):
     from tests.conftest import run_cli
