@@ -113,6 +113,7 @@ class Variant:
     comm: str | None = None
     k: int | str | None = None   # "auto": --delay auto
     servers: int | None = None     # asgd: parameter-server ranks, on top of the workers
+    delay_max: int | None = None   # --delay-max of an auto variant
 
     def train_flags(self) -> list:
         flags = ["--algo", self.algo]
@@ -122,12 +123,14 @@ class Variant:
             flags += ["--comm", self.comm]
         if self.k is not None and self.algo in ("ssd", "localsgd"):
             flags += ["--delay", str(self.k)]
+        if self.delay_max is not None:
+            flags += ["--delay-max", str(self.delay_max)]
         return flags
 
 
 def parse_variant(spec: str) -> Variant:
     """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``
-    (``K`` a positive integer, or ``auto`` for ssd: ``--delay auto``)."""
+    (``K`` a positive integer, or ``auto`` for ssd: ``--delay auto``; ``auto:M``: with ``--delay-max M``)."""
     parts = spec.strip().split(":")
     try:
         if parts == ["ssgd"]:
@@ -136,6 +139,10 @@ def parse_variant(spec: str) -> Variant:
             return Variant("odsgd", "odsgd", k=1)
         if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and parts[2] == "auto":
             return Variant(f"ssd-{parts[1]}-kauto", "ssd", comm=parts[1], k="auto")   # --delay auto
+        if parts[0] == "ssd" and len(parts) == 4 and parts[1] in ("period", "step") and parts[2] == "auto" \
+                and int(parts[3]) >= 1:
+            return Variant(f"ssd-{parts[1]}-kauto-max{int(parts[3])}", "ssd", comm=parts[1], k="auto",
+                           delay_max=int(parts[3]))
         if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and int(parts[2]) >= 1:
             return Variant(f"ssd-{parts[1]}-k{int(parts[2])}", "ssd", comm=parts[1], k=int(parts[2]))
         if parts[0] == "localsgd" and len(parts) == 2 and int(parts[1]) >= 1:
@@ -145,7 +152,8 @@ def parse_variant(spec: str) -> Variant:
     except ValueError:
         pass
     raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K, "
-                    "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto; S servers)")
+                    "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto or auto:M, M the "
+                    "--delay-max; S servers)")
 
 
 def asgd_variant(parts: list) -> Variant:
@@ -470,7 +478,7 @@ def add_arguments(parser) -> None:
     deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
-                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto), "
+                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto, or auto:M: with --delay-max M), "
                              "asgd:S (S parameter servers, on ranks of their own)")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",

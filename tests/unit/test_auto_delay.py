@@ -338,6 +338,9 @@ def test_bench_train_knows_the_auto_variant():
 
     v = parse_variant("ssd:period:auto")
     assert (v.name, v.train_flags()) == ("ssd-period-kauto", ["--algo", "ssd", "--comm", "period", "--delay", "auto"])
+    v = parse_variant("ssd:period:auto:5")
+    assert (v.name, v.train_flags()) == ("ssd-period-kauto-max5", ["--algo", "ssd", "--comm", "period", "--delay",
+                                                                   "auto", "--delay-max", "5"])
     assert parse_variant("ssd:step:auto").train_flags()[-2:] == ["--delay", "auto"]
     with pytest.raises(UserError, match="ssd also takes auto"):
         parse_variant("localsgd:auto")
