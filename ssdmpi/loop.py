@@ -196,7 +196,7 @@ class Interval:
 
     def _phase_sums(self, c: dict, algo, mine: float) -> dict:
         """This rank's step-breakdown totals (ssdmpi/phases.py), then its phase timers reset."""
-        phases = getattr(algo, "phases", None)     # asgd keeps none: its fb and update count as other
+        phases = getattr(algo, "phases", None)
         fb, update = (phases.fb_s, phases.update_s) if phases is not None else (0.0, 0.0)
         if phases is not None:
             phases.reset()

@@ -50,7 +50,9 @@ class Phases:
     """One rank's phase totals since the last ``reset()``: ``fb_s`` and ``update_s``, in seconds.
 
     The algorithm adds to them (``ssdmpi/algos/base.py``: ``Algorithm.step`` and
-    ``Algorithm._loss_and_grad``); the trainer reads and resets them once per interval.
+    ``Algorithm._loss_and_grad``; ``ssdmpi/algos/asgd.py``: ``ASGD.step``, where a server's
+    updates are ``update_s`` and the waits for pushes and replies exposed wait); the trainer
+    reads and resets them once per interval.
     """
 
     __slots__ = ("fb_s", "update_s")

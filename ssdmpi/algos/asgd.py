@@ -35,6 +35,7 @@ import numpy as np
 from ssdmpi import backend
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
+from ssdmpi.phases import Phases, clock
 
 PUSH_TAG, PULL_TAG = 7401, 7402
 
@@ -78,6 +79,8 @@ class ASGD:
         self.W = model.params.copy()      # replica of the servers' W (see the module docstring)
         self.t = self.s = 0
         self.stale_sum = self.stale_n = self.stale_max = 0
+        self.phases = Phases()    # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
+        self._stats = getattr(communicator, "stats", None)
         if self.is_server:
             self._init_server(model)
 
@@ -116,7 +119,20 @@ class ASGD:
 
     def step(self, x, y) -> float | None:
         """Iteration ``t``: a worker's gradient, push and pull (returns its loss); a server's ``K``
-        pushes (returns None). ``x, y`` are ignored on a server."""
+        pushes (returns None). ``x, y`` are ignored on a server.
+
+        Adds to ``phases`` as ``Algorithm.step`` does: ``fb_s`` the worker's gradient, ``update_s``
+        the rest outside the Communicator's exposed time (a server's updates and reply copies; a
+        worker's posting of its pushes and pulls), so that the waits for pushes and replies are
+        the step's exposed wait."""
+        ph, st = self.phases, self._stats
+        t0, fb0, w0 = clock(), ph.fb_s, (st.wait_s if st is not None else 0.0)
+        loss = self._iteration(x, y)
+        waited = (st.wait_s - w0) if st is not None else 0.0
+        ph.update_s += (clock() - t0) - (ph.fb_s - fb0) - waited
+        return loss
+
+    def _iteration(self, x, y) -> float | None:
         if self.is_server:
             self._serve_warmup() if self.t < self.T_w else self._serve_async()
             loss = None
@@ -158,7 +174,9 @@ class ASGD:
     # --- worker --------------------------------------------------------------------------
 
     def _push_pull(self, x, y) -> float:
+        t0 = clock()
         loss = self.model.loss_and_grad(x, y)
+        self.phases.fb_s += clock() - t0
         g, params = self.model.grads, self.model.params
         pulls = [self.comm.recv_start(params[sl], rank, PULL_TAG) for sl, rank in zip(self.shards, self.server_ranks)]
         pushes = [self.comm.send_start(g[sl], rank, PUSH_TAG) for sl, rank in zip(self.shards, self.server_ranks)]

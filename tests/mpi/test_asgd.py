@@ -21,6 +21,7 @@ from ssdmpi.cli import main
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.errors import REQUEUE_EXIT
+from ssdmpi.phases import BREAKDOWN
 from tests.mpi.test_algos import B, dataset, tiny_mlp
 from tests.mpi.test_resume import COMMON, newest_checkpoint, shared_tmpdir, stop_and_resume_differences
 from tests.mpi.test_train import records
@@ -125,6 +126,13 @@ def test_free_running_trains_logs_staleness_and_resumes():
         asynchronous = [r for r in steps if r["stage"] == "async"]
         assert asynchronous and all(r["staleness_max"] >= r["staleness_mean"] >= 0 for r in asynchronous)
         assert all(r["staleness_max"] == 0 for r in steps if r["stage"] == "warmup")
+        # The step breakdown covers asgd's step: the workers' gradients are forward+backward, the
+        # waits for pushes and replies exposed wait, and almost nothing is left to "other" (it held
+        # the whole step before asgd kept phase timers).
+        for r in steps:
+            assert r["fb_s"] > 0 and r["update_s"] > 0 and r["blocked_s"] > 0, r
+            assert abs(sum(r[k] for k in BREAKDOWN) - r["step_s"]) < 1e-9 * max(1.0, r["step_s"]), r
+            assert r["other_s"] < 0.25 * r["step_s"], r
         (final,) = records(run, "eval")
         # 120 steps of batch 8 in arrival order (not deterministic): it learns (0.76-0.84 in five runs
         # at 4 ranks; at lr 0.05 stale momentum made it unstable, 0.18-0.74, so this test trains at 0.02)
