@@ -8,13 +8,24 @@ set wins (``apply`` only fills in what is unset).
   waits for most of it: 570-590 ms of a 1.35 s allreduce of 80 MB at 1 Gbit/s, against 8-14 ms
   with two, and at every sync point that falls inside a period of ``ssd --comm period``
   (BENCHMARKS.md section 13). Other MPI libraries ignore the variable.
+- ``OMPI_MCA_btl_tcp_flags`` without ``put``, ``OMPI_MCA_btl_tcp_max_send_size=524288`` (Open
+  MPI's TCP transport): the same stall there has another cause. With ``put`` (its default) the
+  TCP transport emulates a remote write of a whole large message and queues all of it on the
+  peer's connection, so a control message waits for the rest of that message: 590-600 ms of a
+  1.3 s allreduce of 80 MB at 1 Gbit/s. Without it, large messages go in a pipeline of a few
+  512 KiB fragments, and the control message waits for those only: 32-36 ms, with the
+  allreduce itself as fast (1.30-1.31 s at 1 Gbit/s, 0.18 s at 10 Gbit/s, and 89 instead of
+  100-112 ms over an unthrottled loopback; BENCHMARKS.md section 15). The flags string is Open
+  MPI 5's default less ``put``. Shared memory, UCX and MPICH do not read these variables.
 """
 
 from __future__ import annotations
 
 import os
 
-DEFAULTS = {"MPIR_CVAR_CH4_NUM_VCIS": "2"}
+DEFAULTS = {"MPIR_CVAR_CH4_NUM_VCIS": "2",
+            "OMPI_MCA_btl_tcp_flags": "send,inplace,need-ack,need-csum,hetero-rdma",
+            "OMPI_MCA_btl_tcp_max_send_size": "524288"}
 
 
 def apply(environ=None) -> None:
