@@ -19,6 +19,13 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K,64K,4M] [--repeat
     (1.0: the allreduce was fully hidden), each term the slowest rank's in that repeat, median
     over repeats. ``stats``
     is what the Communicator's own instrumentation reported (``1 - wait_s / inflight_s``).
+(c) **control**: what a sync point's control message costs while a gradient allreduce is in
+    flight. Per repeat: ``allreduce_scalars`` alone; an ``--overlap-size`` allreduce (``test``
+    progress) alone; then that allreduce started, progressed 10 times 5 ms apart (as a trainer's
+    compute would), and ``allreduce_scalars`` timed while it is still in flight. Slowest rank,
+    median over repeats. The in-flight time is what a metrics line or a signal agreement waits
+    when the MPI library queues the control message behind the gradient data
+    (``ssdmpi/comm/mpi_env.py``).
 
 Measured results (shared memory and a 1 Gbit/s throttled network) and the commands that
 produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
@@ -34,7 +41,7 @@ from ssdmpi.bench.stats import median
 from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
-PARTS = ("bandwidth", "overlap")
+PARTS = ("bandwidth", "overlap", "control")
 STRATEGIES = ("blocking", "test", "poll", "thread")
 
 
@@ -48,9 +55,9 @@ def add_arguments(parser) -> None:
                         help="buffer sizes for the bandwidth part, e.g. 64K,4M (default: 1K to 64M by 4x)")
     parser.add_argument("--repeats", type=int, default=15, help="samples per variant and size (default 15)")
     parser.add_argument("--parts", action=CommaList, default=",".join(PARTS), metavar="P1,P2",
-                        help=f"which parts to run, from {','.join(PARTS)} (default: both)")
+                        help=f"which parts to run, from {','.join(PARTS)} (default: all)")
     parser.add_argument("--overlap-size", default="16M", metavar="SIZE",
-                        help="buffer size for the overlap part (default 16M)")
+                        help="buffer size for the overlap and control parts (default 16M)")
     parser.add_argument("--compute-ratio", type=float, default=1.2,
                         help="compute time as a multiple of the allreduce time in the overlap part (default 1.2)")
     parser.add_argument("--pieces", type=int, default=10,
@@ -200,6 +207,47 @@ def overlap(world, nbytes: int, repeats: int, strategies, ratio: float, pieces: 
     return rows
 
 
+CONTROL_POKES, CONTROL_POKE_S = 10, 0.005   # the control part's progress calls before its timed message
+
+
+def control(world, nbytes: int, repeats: int) -> dict:
+    """Part (c): the control allreduce alone and with an ``nbytes`` allreduce in flight (module docstring)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from ssdmpi.comm.communicator import Communicator
+
+    comm = Communicator(world, progress="test")
+    buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
+    rows = []
+    try:
+        for _ in range(repeats):
+            world.Barrier()
+            start = time.perf_counter()
+            comm.allreduce_scalars({"x": 1.0}, op="max")
+            alone = time.perf_counter() - start
+            world.Barrier()
+            start = time.perf_counter()
+            comm.allreduce_start(buf, average=False).wait()
+            big = time.perf_counter() - start
+            world.Barrier()
+            handle = comm.allreduce_start(buf, average=False)
+            for _ in range(CONTROL_POKES):
+                time.sleep(CONTROL_POKE_S)
+                comm.progress()
+            start = time.perf_counter()
+            comm.allreduce_scalars({"x": 1.0}, op="max")
+            in_flight = time.perf_counter() - start
+            handle.wait()
+            rows.append([alone, big, in_flight])
+    finally:
+        comm.free()
+    table = np.array(rows)
+    world.Allreduce(MPI.IN_PLACE, table, op=MPI.MAX)
+    alone, big, in_flight = (float(np.median(table[:, i])) for i in range(3))
+    return {"bytes": nbytes, "control_alone_s": alone, "allreduce_s": big, "control_in_flight_s": in_flight}
+
+
 def _print_tables(result: dict) -> None:
     print(f"ssdmpi bench comm: {result['ranks']} ranks, {result['mpi']}")
     if result.get("bandwidth"):
@@ -217,6 +265,12 @@ def _print_tables(result: dict) -> None:
         for r in result["overlap"]:
             print(f"{r['compute']:>20} {r['strategy']:>9} {r['comm_s'] * 1e3:8.1f} {r['compute_s'] * 1e3:11.1f} "
                   f"{r['total_s'] * 1e3:9.1f} {r['overlap'] * 100:7.0f}% {r['stats_overlap'] * 100:5.0f}%")
+    if result.get("control"):
+        r = result["control"]
+        print(f"\n(c) a control allreduce (a sync point's) alone and with a {_size_name(r['bytes'])} allreduce "
+              "in flight")
+        print(f"control alone {r['control_alone_s'] * 1e3:.2f} ms, allreduce alone {r['allreduce_s'] * 1e3:.1f} ms, "
+              f"control with it in flight {r['control_in_flight_s'] * 1e3:.1f} ms")
 
 
 def _size_name(nbytes: int) -> str:
@@ -245,6 +299,8 @@ def run(args) -> int:
     if "overlap" in parts:
         size = _sizes([args.overlap_size], "--overlap-size")[0]
         result["overlap"] = overlap(world, size, args.repeats, strategies, args.compute_ratio, args.pieces)
+    if "control" in parts:
+        result["control"] = control(world, _sizes([args.overlap_size], "--overlap-size")[0], args.repeats)
     if world.Get_rank() == 0:
         if args.json:
             emit_json(args.json, json.dumps(result, indent=1))

@@ -26,6 +26,10 @@ def test_bench_comm_json_at_two_ranks(tmp_path):
         # Tiny buffers on a shared machine make the overlap itself noise; check its shape only.
         assert row["comm_s"] > 0 and row["total_s"] > 0 and math.isfinite(row["overlap"])
         assert 0.0 <= row["stats_overlap"] <= 1.0 and row["pieces"] == 10
+    assert "(c) a control allreduce" in proc.stdout
+    control = result["control"]
+    assert control["bytes"] == 256 << 10
+    assert control["control_alone_s"] > 0 and control["allreduce_s"] > 0 and control["control_in_flight_s"] > 0
 
 
 def test_bench_comm_rejects_a_bad_size():
