@@ -13,7 +13,7 @@ set wins (``apply`` only fills in what is unset).
   TCP transport emulates a remote write of a whole large message and queues all of it on the
   peer's connection, so a control message waits for the rest of that message: 590-600 ms of a
   1.3 s allreduce of 80 MB at 1 Gbit/s. Without it, large messages go in a pipeline of a few
-  512 KiB fragments, and the control message waits for those only: 32-36 ms, with the
+  512 KiB fragments, and the control message waits for those only: 27-40 ms, with the
   allreduce itself as fast (1.30-1.31 s at 1 Gbit/s, 0.18 s at 10 Gbit/s, and 89 instead of
   100-112 ms over an unthrottled loopback; BENCHMARKS.md section 15). The flags string is Open
   MPI 5's default less ``put``. Shared memory, UCX and MPICH do not read these variables.
