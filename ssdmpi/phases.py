@@ -63,6 +63,16 @@ class Phases:
     def reset(self) -> None:
         self.fb_s = self.update_s = 0.0
 
+    def time_step(self, stats, iteration, *args):
+        """``iteration(*args)``'s result; its time outside ``fb_s`` (which it adds itself) and outside
+        the Communicator's exposed time (``stats.wait_s``, progress calls included; ``stats`` None:
+        no communicator) is added to ``update_s``."""
+        t0, fb0, w0 = clock(), self.fb_s, (stats.wait_s if stats is not None else 0.0)
+        out = iteration(*args)
+        waited = (stats.wait_s - w0) if stats is not None else 0.0
+        self.update_s += (clock() - t0) - (self.fb_s - fb0) - waited
+        return out
+
 
 def breakdown(step_s: float, per_step: dict) -> dict:
     """The ``BREAKDOWN`` fields of one record from per-step means: ``per_step`` holds ``fb_s``,

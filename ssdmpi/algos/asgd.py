@@ -125,12 +125,7 @@ class ASGD:
         the rest outside the Communicator's exposed time (a server's updates and reply copies; a
         worker's posting of its pushes and pulls), so that the waits for pushes and replies are
         the step's exposed wait."""
-        ph, st = self.phases, self._stats
-        t0, fb0, w0 = clock(), ph.fb_s, (st.wait_s if st is not None else 0.0)
-        loss = self._iteration(x, y)
-        waited = (st.wait_s - w0) if st is not None else 0.0
-        ph.update_s += (clock() - t0) - (ph.fb_s - fb0) - waited
-        return loss
+        return self.phases.time_step(self._stats, self._iteration, x, y)
 
     def _iteration(self, x, y) -> float | None:
         if self.is_server:

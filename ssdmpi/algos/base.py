@@ -98,12 +98,7 @@ class Algorithm:
 
         Adds to ``phases``: ``update_s`` is this call's time outside ``fb_s`` and outside the
         Communicator's exposed time (``wait_s``, progress calls included)."""
-        ph, st = self.phases, self._stats
-        t0, fb0, w0 = clock(), ph.fb_s, (st.wait_s if st is not None else 0.0)
-        loss = self._iteration(x, y)
-        waited = (st.wait_s - w0) if st is not None else 0.0
-        ph.update_s += (clock() - t0) - (ph.fb_s - fb0) - waited
-        return loss
+        return self.phases.time_step(self._stats, self._iteration, x, y)
 
     def _iteration(self, x, y) -> float:
         if self.stage == "warmup":
