@@ -296,11 +296,11 @@ def run(args) -> int:
         print("note: one rank measures no communication; run under mpiexec -n 2")
     if "bandwidth" in parts:
         result["bandwidth"] = bandwidth(world, sizes, args.repeats)
+    size = _sizes([args.overlap_size], "--overlap-size")[0]
     if "overlap" in parts:
-        size = _sizes([args.overlap_size], "--overlap-size")[0]
         result["overlap"] = overlap(world, size, args.repeats, strategies, args.compute_ratio, args.pieces)
     if "control" in parts:
-        result["control"] = control(world, _sizes([args.overlap_size], "--overlap-size")[0], args.repeats)
+        result["control"] = control(world, size, args.repeats)
     if world.Get_rank() == 0:
         if args.json:
             emit_json(args.json, json.dumps(result, indent=1))
