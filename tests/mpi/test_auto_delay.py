@@ -176,8 +176,8 @@ def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch
 
 @pytest.mark.timeout(300)
 def test_delay_max_caps_the_choice_and_the_capped_run_equals_that_fixed_k(monkeypatch):
-    """``--delay-max 4`` where the measurements ask for 6: every rank takes 4, the record and the
-    summary say so, and the run is bitwise the fixed ``--delay 4`` run."""
+    """``--delay-max 4`` where the measurements ask for 6: every rank takes 4, the record and
+    ``config.yaml`` say so, and the run is bitwise the fixed ``--delay 4`` run."""
     size, cap = MPI.COMM_WORLD.Get_size(), 4
     tmp = shared_tmpdir()
     fixed, capped = os.path.join(tmp, "fixed"), os.path.join(tmp, "capped")
