@@ -14,7 +14,7 @@ geometric grid from ``X_MIN`` to ``X_MAX`` in steps of ``STEP`` (0.2%), and the 
 the last grid point before the first unstable one (``X_MAX`` when none is, 0 when the first
 one is already unstable). It is therefore exact to within one step (0.2%) below.
 
-Rules (``--rules``), each at every ``k`` of ``--periods`` and, where it has one, every merge
+Rules (``--rules``), each at every ``k`` of ``--delays`` and, where it has one, every merge
 delay ``d`` of ``--merge-delays`` with ``d <= k``:
 
     ssgd        momentum SGD on W alone, blocking every step (no k: the reference, 2(1+mu))
@@ -27,16 +27,16 @@ delay ``d`` of ``--merge-delays`` with ``d <= k``:
     replay      gradient replay with the global-momentum local update (the ablation rule)
 
 Output: a Markdown table, one row per (rule, parameter), one column per ``k``; each cell
-the threshold (for ``delta-merge`` one row per ``d``). ``--csv FILE`` writes every threshold.
+the threshold (for ``delta-merge`` one row per ``d``). ``--json FILE`` writes every threshold.
 """
 
 from __future__ import annotations
 
-import csv
-import sys
+import json
 
 import numpy as np
 
+from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
 
@@ -177,16 +177,17 @@ def threshold(rule: str, k: int, d: int | None = None, N: int = 2, mu: float = 0
 # --- the command -------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--rules", default=DEFAULT_RULES, metavar="R1,R2",
+    parser.add_argument("--rules", action=CommaList, default=DEFAULT_RULES, metavar="R1,R2",
                         help=f"rules, from {', '.join(RULES)} (default {DEFAULT_RULES})")
-    parser.add_argument("--periods", default="2,5,10,20", metavar="K1,K2", help="periods k (default 2,5,10,20)")
-    parser.add_argument("--merge-delays", default="1,2,3,5", metavar="D1,D2",
+    parser.add_argument("--delays", action=CommaList, default="2,5,10,20", metavar="K1,K2",
+                        help="periods k (default 2,5,10,20)")
+    parser.add_argument("--merge-delays", action=CommaList, default="1,2,3,5", metavar="D1,D2",
                         help="merge delays d of the rule delta-merge, each at every k >= d (default 1,2,3,5)")
-    parser.add_argument("--damping", default="0.5", metavar="A1,A2",
+    parser.add_argument("--damping", action=CommaList, default="0.5", metavar="A1,A2",
                         help="own-displacement factors a of the rule damp (default 0.5)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks N (default 2)")
     parser.add_argument("--momentum", type=float, default=0.9, help="momentum mu (default 0.9)")
-    parser.add_argument("--csv", default=None, metavar="FILE", help="also write every threshold to FILE")
+    add_json(parser, "every threshold")
 
 
 def rows(rules, periods, delays, dampings, N: int, mu: float) -> list[dict]:
@@ -228,11 +229,8 @@ def _label(r: dict) -> str:
 
 
 def run(args) -> int:
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    bad = [r for r in rules if r not in RULES]
-    if not rules or bad:
-        raise UserError(f"--rules: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(RULES)}")
-    periods = parse_list(args.periods, "--periods", int, minimum=1)
+    rules = parse_choices(args.rules, "--rules", RULES)
+    periods = parse_list(args.delays, "--delays", int, minimum=1)
     delays = parse_list(args.merge_delays, "--merge-delays", int, minimum=1)
     dampings = parse_list(args.damping, "--damping", float, minimum=0)
     if args.ranks < 2:
@@ -240,13 +238,11 @@ def run(args) -> int:
     if not 0 <= args.momentum < 1:
         raise UserError(f"--momentum must be in [0, 1), got {args.momentum}")
     results = rows(rules, periods, delays, dampings, args.ranks, args.momentum)
+    if args.json:
+        emit_json(args.json, json.dumps({"x_min": X_MIN, "x_max": X_MAX, "step": STEP, "rows": results}, indent=1))
+        if args.json == "-":
+            return 0
     print(f"Largest stable eta*h (linear model: {args.ranks} ranks, curvature h, momentum {args.momentum:g}, "
           f"no noise; scanned upward from {X_MIN:g} to {X_MAX:g} in steps of {STEP:.1%})\n")
     print(table(results, periods))
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(results[0]))
-            writer.writeheader()
-            writer.writerows(results)
-        print(f"\nwrote {args.csv}", file=sys.stderr)
     return 0

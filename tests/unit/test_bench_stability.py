@@ -9,11 +9,13 @@ Also: the cheap form of the merge equals the shift form in exact arithmetic, and
 reproduces the reference figures of the linear model.
 """
 
+import json
 from fractions import Fraction
 
 import pytest
 
 from ssdmpi.bench import stability
+from tests.conftest import run_cli
 
 MU = 0.9
 
@@ -135,27 +137,23 @@ def test_grid_is_geometric_from_x_min_to_x_max():
     assert (x[1:] / x[:-1]) == pytest.approx(1 + stability.STEP)
 
 
-def test_command_prints_the_table_and_writes_the_csv(tmp_path, capsys):
-    import argparse
+def test_command_prints_the_table_and_writes_the_json(tmp_path):
+    out = tmp_path / "t.json"
+    proc = run_cli(["bench", "stability", "--rules", "ssgd,delta-own,delta-merge", "--delays", "2,5",
+                    "--merge-delays", "1,3", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert "| delta-merge, d = 3 |  | 0.168 |" in proc.stdout        # d = 3 > k = 2: an empty cell
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["rule"], r["k"], r["d"]) for r in rows] == [
+        ("ssgd", "", ""), ("delta-own", 2, 2), ("delta-own", 5, 5),
+        ("delta-merge", 2, 1), ("delta-merge", 5, 1), ("delta-merge", 5, 3)]
+    for r in rows:
+        assert r["threshold"] == round(stability.threshold(r["rule"], r["k"] or 1, r["d"] or None), 4)
 
-    parser = argparse.ArgumentParser()
-    stability.add_arguments(parser)
-    args = parser.parse_args(["--rules", "ssgd,delta-own,delta-merge", "--periods", "2,5", "--merge-delays", "1,3",
-                              "--csv", str(tmp_path / "t.csv")])
-    assert stability.run(args) == 0
-    out = capsys.readouterr().out
-    assert "| delta-merge, d = 3 |  | 0.168 |" in out            # d = 3 > k = 2: empty cell
-    rows = (tmp_path / "t.csv").read_text().splitlines()
-    assert len(rows) == 1 + 1 + 2 + 3                              # header, ssgd, delta-own x2, merge (2,1) (5,1) (5,3)
 
-
-def test_bad_arguments_are_user_errors():
-    import argparse
-
-    from ssdmpi.errors import UserError
-
-    parser = argparse.ArgumentParser()
-    stability.add_arguments(parser)
-    for argv in (["--rules", "nope"], ["--periods", "0"], ["--ranks", "1"], ["--momentum", "1"]):
-        with pytest.raises(UserError):
-            stability.run(parser.parse_args(argv))
+@pytest.mark.parametrize("argv", [["--rules", "nope"], ["--delays", "0"], ["--merge-delays", "x"], ["--ranks", "1"],
+                                  ["--momentum", "1"]])
+def test_bad_arguments_are_one_line_errors(argv):
+    proc = run_cli(["bench", "stability"] + argv)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
