@@ -44,6 +44,7 @@ class Algorithm:
         self.N = int(communicator.size)
         self.auto = config.delay == "auto" and self.has_delay_stage
         self.k = None if self.auto else config.delay
+        self.d = config.merge_delay       # the merge delay of delta-merge (None otherwise, or until auto chooses)
         self.delay_choice = None          # --delay auto: the DelayChoice, once made
         self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
         self._meter = auto_delay.DelayMeter(hi=config.delay_max) if self.auto else None

@@ -26,6 +26,7 @@ DEFAULT_COMM = "period"
 DEFAULT_DELAY = 5
 DEFAULT_LOCAL_UPDATE = "global-momentum"
 DEFAULT_GLU_DIVISOR = 12.0
+DEFAULT_MERGE_DELAY = 1
 
 
 def period_rules() -> dict:
@@ -58,6 +59,7 @@ class AlgoConfig:
     warmup_steps: int = 500               # T_w: SSGD iterations before the delay stage
     comm: str | None = None               # step | period (ssd); None: DEFAULT_COMM for ssd, step for odsgd
     period_rule: str | None = None        # rule of --comm period; None: DEFAULT_PERIOD_RULE
+    merge_delay: int | None = None        # d of a rule that merges d steps after posting (delta-merge); None: 1
     local_update: str | None = None       # global-momentum | glu-paper | sgd; None: global-momentum
     lr: float = 0.1                       # base global learning rate eta_g
     lr_schedule: object = "constant"      # kind name or dict (steps)
@@ -122,7 +124,8 @@ class AlgoConfig:
         if delay == "auto":
             _check_auto_warmup(self.warmup_steps)
         resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay,
-                                       delay_max=_delay_max(self.delay_max, delay))
+                                       delay_max=_delay_max(self.delay_max, delay),
+                                       merge_delay=_merge_delay(self.merge_delay, rule, delay))
         uses_local = resolved.uses_local_update()
         if self.local_update is not None:
             choice("local-update", self.local_update, LOCAL_UPDATES)
@@ -160,8 +163,8 @@ class AlgoConfig:
         if self.algo != "asgd":
             flag = "--servers" if self.servers is not None else "--asgd-order"
             raise UserError(f"{flag} applies only to --algo asgd; drop it")
-        for name in ("delay", "delay_max", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
-                     "glu_divisor"):
+        for name in ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "local_lr",
+                     "local_lr_schedule", "glu_divisor"):
             if getattr(self, name) is not None:
                 raise UserError(f"--{name.replace('_', '-')} does not apply to --algo asgd "
                                 "(a parameter server applying each push); drop it")
@@ -216,6 +219,23 @@ def _delay_max(delay_max, delay) -> int | None:
         raise UserError(f"--delay-max must be an integer >= {DELAY_RANGE[0]} (the largest k --delay auto may "
                         f"choose), got {delay_max!r}")
     return int(delay_max)
+
+
+def _merge_delay(merge_delay, rule, delay) -> int | None:
+    """The resolved ``--merge-delay`` d: the rule's (``uses_merge_delay``) setting in ``1..k``, default
+    ``DEFAULT_MERGE_DELAY`` (None with ``--delay auto``: chosen with k); None for other rules."""
+    uses = rule is not None and period_rules()[rule].uses_merge_delay
+    if merge_delay is None:
+        return DEFAULT_MERGE_DELAY if uses and delay != "auto" else None
+    if not uses:
+        raise UserError("--merge-delay applies only to --comm period --period-rule delta-merge; drop it")
+    if not is_int(merge_delay) or merge_delay < 1:
+        raise UserError(f"--merge-delay must be an integer >= 1 (iterations from posting a period's sum to "
+                        f"merging it), got {merge_delay!r}")
+    if delay != "auto" and merge_delay > delay:
+        raise UserError(f"--merge-delay {merge_delay} is longer than the period --delay {delay}: a period's sum "
+                        "must be merged before the next one is posted; use --merge-delay <= --delay")
+    return int(merge_delay)
 
 
 def _check_auto_warmup(warmup_steps: int) -> None:

@@ -32,6 +32,7 @@ class PeriodRule:
 
     name = "base"
     uses_local_update = False
+    uses_merge_delay = False   # True: the rule merges --merge-delay d iterations after posting
     folds_mean = False   # True: post the SUM; the rule divides by N as it applies it (no separate pass)
 
     def __init__(self, algo):
@@ -232,5 +233,39 @@ class DeltaOwn(PeriodRule):
         self.S[...] = self.a.xp.asarray(d["S"])
 
 
-PERIOD_RULES = {"delta-own": DeltaOwn, "replay": GradientReplay}
+class DeltaMerge(DeltaOwn):
+    """``delta-merge`` (docs/PERIOD_RULE.md): delta-own's local step; the sum posted at a period's end
+    is merged ``d`` iterations later (``--merge-delay``, ``1 <= d <= k``), not at the next period's end.
+
+    State as delta-own (``U``, ``S``). Every delay iteration ``m = t - T_w``, after the local step::
+
+        if m + 1 - d is a period end (a positive multiple of k):       # the merge
+            W <- W + Sum/N;  s += k                                     # the sum posted d iterations ago
+            L <- W + (L - S);  S <- W                                   # own progress since that post kept
+        if m + 1 is a period end:                                       # the post (after a merge at d = k)
+            D <- L - S;  post Iallreduce(D) (sum);  S <- L
+
+    ``L - S`` is always this rank's progress not yet posted, so ``W + Sum/N`` plus the mean of
+    ``L - S`` is the mean of the ranks' ``L`` (exact arithmetic). A request drained between the
+    post and the merge (checkpoint) is held and applied at the merge. ``finalize()`` as delta-own.
+    """
+
+    name = "delta-merge"
+    uses_merge_delay = True
+
+    def step(self, g, m: int) -> None:
+        a = self.a
+        eta = a.schedule(a.t)
+        self._fused.delta_own_step(self._plan, self.U, a.L, g, eta * a.config.weight_decay, a.config.momentum, eta)
+        since_post = m + 1 - a.d
+        if since_post >= a.k and since_post % a.k == 0:
+            self._complete()
+            self._fused.merge_restart(self._plan, a.W, a.L, self.S)          # L = W + (L - S); S = W
+        if (m + 1) % a.k == 0:
+            D = self._acc
+            self._fused.delta_own_boundary(self._plan, a.W, a.L, self.S, D, False)   # D = L - S; S = L
+            self._swap_in(self._post(D))
+
+
+PERIOD_RULES = {"delta-own": DeltaOwn, "delta-merge": DeltaMerge, "replay": GradientReplay}
 DEFAULT_PERIOD_RULE = "delta-own"   # docs/PERIOD_RULE.md

@@ -153,6 +153,8 @@ class Simulation:
                 self._replay(grads, m)
             elif c.period_rule == "delta-own":
                 self._delta_own(grads, m)
+            elif c.period_rule == "delta-merge":
+                self._delta_merge(grads, m)
             else:
                 raise NotImplementedError(f"period rule {c.period_rule!r} has no reference yet")
             self.t += 1
@@ -200,6 +202,26 @@ class Simulation:
             self.pending = self._mean(D)
             self.S = [L.copy() for L in self.L]
 
+    def _delta_merge(self, grads, m):
+        """docs/PERIOD_RULE.md, ``delta-merge``: the local step of delta-own; the sum posted at a period's
+        end is merged d iterations later: ``W <- W + mean D``, ``L <- W + (L - S)``, ``S <- W`` (before
+        the post when both fall on one iteration, d = k); at a period's end ``D = L - S`` is posted,
+        ``S <- L``."""
+        eta, lam, mu, mask, k, d = self.sched(self.t), self.lam, self.mu, self.mask, self.k, self.cfg.merge_delay
+        for r, g in enumerate(grads):
+            self.U[r] = mu * self.U[r] - eta * lam * mask * self.L[r] - eta * g
+            self.L[r] = self.L[r] + self.U[r]
+        if (m + 1 - d) % k == 0 and m + 1 - d >= k:
+            self.W = self.W + self.pending
+            self.pending = None
+            self.s += k
+            self.L = [self.W + (self.L[r] - self.S[r]) for r in range(self.N)]
+            self.S = [self.W.copy() for _ in range(self.N)]
+        if (m + 1) % k == 0:
+            D = [self.L[r] - self.S[r] for r in range(self.N)]
+            self.pending = self._mean(D)
+            self.S = [L.copy() for L in self.L]
+
     def _localsgd(self, grads, m):
         """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W."""
         for r, g in enumerate(grads):
@@ -232,7 +254,7 @@ class Simulation:
         """The end of training (the MPI path's ``finalize``): what is in flight is applied to ``W``,
         and a partial period's work too, as its period end would have applied it:
 
-        - ``delta-own``: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4);
+        - ``delta-own``, ``delta-merge``: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4);
         - ``replay``, ``j`` iterations into a period: ``j`` global steps with ``mean_r A_r / j``;
         - ``localsgd``: ``W <- mean_r L_r``, ``L <- W``.
         """
@@ -246,7 +268,7 @@ class Simulation:
                 self.L = [self.W.copy() for _ in range(self.N)]
             return
         self._apply_pending()
-        if c.comm == "period" and c.period_rule == "delta-own" and j:
+        if c.comm == "period" and c.period_rule in ("delta-own", "delta-merge") and j:
             self.W = self.W + self._mean([self.L[r] - self.S[r] for r in range(self.N)])
             self.S = [L.copy() for L in self.L]
         elif c.comm == "period" and c.period_rule == "replay" and j:
@@ -264,7 +286,7 @@ class Simulation:
             G = self.pending / self.k
             for _ in range(self.k):
                 self._global_update(G)
-        elif c.period_rule == "delta-own":
+        elif c.period_rule in ("delta-own", "delta-merge"):
             self.W = self.W + self.pending
             self.s += self.k
         self.pending = None
