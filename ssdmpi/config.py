@@ -36,6 +36,7 @@ from ssdmpi.algos.config import (
     DEFAULT_DELAY,
     DEFAULT_GLU_DIVISOR,
     DEFAULT_LOCAL_UPDATE,
+    DEFAULT_MERGE_DELAY,
     DEFAULT_SERVERS,
     AlgoConfig,
     default_period_rule,
@@ -57,7 +58,7 @@ DTYPES = ("float32", "float64")
 # Settings that decide the shape of the state or the meaning of every step: a resumed
 # run must not change them (the checkpoint would not fit, or "continue" would be a lie).
 STRUCTURAL = ("dataset", "model", "widths", "dtype", "batch_size", "algo", "delay", "comm",
-              "local_update", "period_rule", "seed", "servers")
+              "local_update", "period_rule", "merge_delay", "seed", "servers")
 
 
 @dataclass
@@ -95,6 +96,7 @@ class TrainConfig:
     local_lr_schedule: str | None = None
     glu_divisor: float | None = None   # C of glu-paper
     period_rule: str | None = None     # rule of --comm period
+    merge_delay: int | None = None     # d of --period-rule delta-merge
     servers: int | None = None         # asgd: parameter-server ranks (the last ones)
     asgd_order: str | None = None      # asgd: arrival | round-robin
     # runtime
@@ -152,6 +154,8 @@ class TrainConfig:
             positive_int("delay", self.delay)
         if self.delay_max is not None:
             positive_int("delay-max", self.delay_max)
+        if self.merge_delay is not None:
+            positive_int("merge-delay", self.merge_delay)
         if self.widths is not None:
             if not isinstance(self.widths, (list, tuple)) or not self.widths or \
                     not all(is_int(w) and w > 0 for w in self.widths):
@@ -297,6 +301,7 @@ def _algorithm_defaults() -> dict:
         "servers": f"{DEFAULT_SERVERS} with --algo asgd",
         "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
         "period_rule": f"{default_period_rule()}",
+        "merge_delay": f"{DEFAULT_MERGE_DELAY} with --period-rule delta-merge; with --delay auto chosen with k",
         "local_update": f"{DEFAULT_LOCAL_UPDATE}, where the schedule uses one",
         "local_lr": "world size x lr",
         "local_lr_schedule": "the global schedule's shape",
@@ -340,6 +345,7 @@ _APPLIES_TO = {
     "delay_max": "--delay auto",
     "comm": "--algo ssd",
     "period_rule": "--algo ssd --comm period",
+    "merge_delay": "--comm period --period-rule delta-merge",
     "local_update": "--comm step or --period-rule replay",
     "local_lr": "--local-update glu-paper or sgd",
     "local_lr_schedule": "--local-update glu-paper or sgd",
@@ -353,7 +359,8 @@ def _algo_values(cfg: TrainConfig) -> dict:
     """``AlgoConfig`` keywords of ``cfg``'s algorithm settings, to check which apply without the
     data (a local schedule stands in as a valid schedule)."""
     return dict(algo=cfg.algo, delay=cfg.delay, delay_max=cfg.delay_max, comm=cfg.comm,
-                period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
+                period_rule=cfg.period_rule, merge_delay=cfg.merge_delay, local_update=cfg.local_update,
+                local_lr=cfg.local_lr,
                 local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
                 glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
 
@@ -455,6 +462,9 @@ _FLAGS = {
         ("local_lr_schedule", {"metavar": "SPEC"}, "schedule of the local lr"),
         ("glu_divisor", {"type": float, "metavar": "C"}, "divisor C of --local-update glu-paper"),
         ("period_rule", {"metavar": "RULE", "choices_help": "period_rules"}, "update rule of --comm period"),
+        ("merge_delay", {"type": int, "metavar": "D"},
+         "delta-merge: iterations from posting a period's sum to merging it (1..k); a larger d hides a longer "
+         "allreduce, at a cost in stability (docs/PERIOD_RULE.md)"),
         ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
         ("asgd_order", {"choices_help": ASGD_ORDERS},
          "asgd: apply pushes as they arrive, or in worker order (deterministic, for tests)"),
@@ -632,8 +642,8 @@ def build(settings: dict) -> TrainConfig:
     return cfg.validate()
 
 
-ALGO_SETTINGS = ("delay", "delay_max", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
-                 "glu_divisor")
+ALGO_SETTINGS = ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "local_lr",
+                 "local_lr_schedule", "glu_divisor")
 # A resumed run does not take these from the checkpoint (threads and GPU belong to the machine, not the run).
 NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar", "threads", "gpu_id")
 
@@ -720,7 +730,8 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
     """
     values = dict(
         algo=cfg.algo, delay=cfg.delay, delay_max=cfg.delay_max, warmup_steps=cfg.warmup_iterations(steps_per_epoch),
-        comm=cfg.comm, period_rule=cfg.period_rule, local_update=cfg.local_update, lr=cfg.lr,
+        comm=cfg.comm, period_rule=cfg.period_rule, merge_delay=cfg.merge_delay, local_update=cfg.local_update,
+        lr=cfg.lr,
         lr_schedule=schedule_in_steps(cfg.lr_schedule, steps_per_epoch),
         lr_warmup_steps=int(round(cfg.lr_warmup_epochs * steps_per_epoch)), total_steps=total_steps,
         local_lr=cfg.local_lr,
@@ -768,7 +779,8 @@ def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
     """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
     out = dataclasses.replace(cfg)
-    for key in ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order"):
+    for key in ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "glu_divisor", "servers",
+                "asgd_order"):
         setattr(out, key, getattr(algo_cfg, key))
     if out.warmup_epochs is None:
         out.warmup_steps = int(algo_cfg.warmup_steps)

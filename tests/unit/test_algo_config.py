@@ -41,6 +41,18 @@ def test_period_rule_defaults_when_comm_period():
     assert AlgoConfig(comm="period", period_rule="delta-own").validate(2).local_update is None
 
 
+def test_merge_delay_defaults_for_delta_merge_only():
+    from ssdmpi.algos.config import DEFAULT_MERGE_DELAY
+
+    c = AlgoConfig(period_rule="delta-merge", delay=5).validate(2)
+    assert c.merge_delay == DEFAULT_MERGE_DELAY == 1
+    assert AlgoConfig(period_rule="delta-merge", delay=5, merge_delay=5).validate(2).merge_delay == 5
+    assert AlgoConfig(period_rule="delta-merge", delay="auto").validate(2).merge_delay is None   # auto chooses
+    assert AlgoConfig(period_rule="delta-merge", delay="auto", merge_delay=3).validate(2).merge_delay == 3
+    assert AlgoConfig(period_rule="delta-own").validate(2).merge_delay is None
+    assert AlgoConfig(comm="step").validate(2).merge_delay is None
+
+
 BAD = [
     (dict(delay=0), "--delay must be an integer >= 1"),
     (dict(delay=-3), "--delay"),
@@ -64,6 +76,13 @@ BAD = [
     (dict(comm="step", local_update="sgd", local_lr=-1.0), "--local-lr must be > 0"),
     (dict(glu_divisor=16.0), "--glu-divisor applies only to --local-update glu-paper"),
     (dict(comm="step", local_update="glu-paper", glu_divisor=0.0), "--glu-divisor must be > 0"),
+    (dict(comm="period", period_rule="delta-own", merge_delay=1), "--merge-delay applies only to --comm period "
+                                                                  "--period-rule delta-merge"),
+    (dict(comm="step", merge_delay=1), "--merge-delay applies only"),
+    (dict(algo="localsgd", merge_delay=1), "--merge-delay applies only"),
+    (dict(algo="asgd", merge_delay=1), "--merge-delay does not apply to --algo asgd"),
+    (dict(period_rule="delta-merge", merge_delay=0), "--merge-delay must be an integer >= 1"),
+    (dict(period_rule="delta-merge", delay=3, merge_delay=4), "--merge-delay 4 is longer than the period --delay 3"),
     (dict(lr=0.0), "--lr must be > 0"),
     (dict(lr=float("nan")), "--lr must be a finite number"),
     (dict(momentum=1.0), "--momentum must be < 1"),

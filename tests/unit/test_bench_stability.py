@@ -1,7 +1,7 @@
-"""``ssdmpi bench stability`` against a direct step-by-step simulation of the same update equations.
+"""The stability map (``ssdmpi bench stability``) against a direct step-by-step simulation of the same equations.
 
 The simulation here is written from the rules' specification (docs/PERIOD_RULE.md), one scalar
-per rank, in plain Python floats, independently of the matrices of ``ssdmpi/bench/stability.py``;
+per rank, in plain Python floats, independently of the matrices of ``ssdmpi/algos/stability.py``;
 ``delta-merge`` is simulated in its shift form (``L += mean D - own D`` at the merge), not the
 form the map uses. Below the threshold the map reports, the state must stay bounded; just above
 it, it must grow (for a rule whose mean model is exact, that is the spread between the ranks).
@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import pytest
 
-from ssdmpi.bench import stability
+from ssdmpi.algos import stability
 from tests.conftest import run_cli
 
 MU = 0.9
