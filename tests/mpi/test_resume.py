@@ -5,9 +5,11 @@ tests run at whatever size ``mpiexec -n`` gives (tests/run.py: 1, 2 and 4). Each
 compares an uninterrupted run of S steps with the same run stopped at S/2 by
 ``--stop-at-step`` (exit 85, as on a preemption signal) and resumed with ``--resume auto``:
 the final global model ``W``, every rank's local model ``L``, momentum and other
-algorithm buffers, and every rank's model parameters must be bitwise identical.
+algorithm buffers, and every rank's model parameters must be bitwise identical, and every
+rank's algorithm and loader scalars (counters, flags such as a held result) equal.
 """
 
+import json
 import os
 import tempfile
 
@@ -49,13 +51,29 @@ def arrays(path: str) -> dict:
     return out
 
 
+def scalars(path: str) -> dict:
+    """Every rank's algorithm and loader scalars (``RANK/algo/_values``, ``RANK/loader/_values``), by name.
+    (The trainer's own values are wall-clock times: not compared.)"""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for rank in (k for k in f if k.startswith("rank_")):
+            for part in ("algo", "loader"):
+                if f"{rank}/{part}/_values" in f:
+                    values = json.loads(f[f"{rank}/{part}/_values"][()])
+                    out.update({f"{rank}/{part}/{k}": v for k, v in values.items()})
+    return out
+
+
 def differences(a: str, b: str) -> list:
-    """Names of arrays that are not bitwise equal between two checkpoints (rank 0 reads)."""
+    """Names of arrays that are not bitwise equal, and of scalars that differ, between two checkpoints
+    (rank 0 reads)."""
     A, B = arrays(a), arrays(b)
     diff = [name for name in sorted(set(A) | set(B))
             if name not in A or name not in B or A[name].dtype != B[name].dtype
             or not np.array_equal(A[name], B[name])]
-    return diff if diff else ([] if A else ["no arrays"])
+    sa, sb = scalars(a), scalars(b)
+    diff += [name for name in sorted(set(sa) | set(sb)) if sa.get(name, "absent") != sb.get(name, "absent")]
+    return diff if diff else ([] if A and sa else ["no arrays"])
 
 
 def all_ranks(value):
@@ -74,8 +92,21 @@ CASES = {
 }
 
 
-def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
-    """Run S steps straight, and stopped at S/2 + resumed; return (arrays that differ, arrays compared)."""
+# Under a cosine lr (it depends on the run's length, so these are not "train longer" cases): delta-merge
+# stopped at m = 17, between the post at m = 14 and its merge at m = 17 (d = 3: the drained sum is held
+# in the checkpoint), or after that merge (d = 1).
+SCHEDULED = {
+    "ssd-period-merge-mid-delay": ["--algo", "ssd", "--comm", "period", "--period-rule", "delta-merge",
+                                   "--merge-delay", "3", "--delay", str(K), "--warmup-steps", str(WARMUP),
+                                   "--lr-schedule", "cosine"],
+    "ssd-period-merge": ["--algo", "ssd", "--comm", "period", "--period-rule", "delta-merge", "--merge-delay", "1",
+                         "--delay", str(K), "--warmup-steps", str(WARMUP), "--lr-schedule", "cosine"],
+}
+
+
+def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True, held=None):
+    """Run S steps straight, and stopped at S/2 + resumed; return (arrays that differ, arrays compared).
+    ``held``: whether the checkpoint at S/2 must hold a drained sum of ``--comm period`` (``period.has_Rp``)."""
     tmp = shared_tmpdir()
     straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
 
@@ -83,10 +114,16 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
     codes = all_ranks(main(["train", "--run-dir", split, "--stop-at-step", str(S // 2)] + args))
     assert codes == [REQUEUE_EXIT] * MPI.COMM_WORLD.Get_size()
     assert newest_checkpoint(split) == f"ckpt-{S // 2:08d}.h5"
-    if MPI.COMM_WORLD.Get_rank() == 0 and check_mid_period:
-        with h5py.File(os.path.join(split, "checkpoints", newest_checkpoint(split)), "r") as f:
-            assert f.attrs["stage"] == "delay"     # stopped inside the delay stage, mid-period
-            assert (S // 2 - warmup) % k != 0
+    stop = None
+    if MPI.COMM_WORLD.Get_rank() == 0:                 # read by rank 0, checked on every rank
+        path = os.path.join(split, "checkpoints", newest_checkpoint(split))
+        with h5py.File(path, "r") as f:
+            stop = (str(f.attrs["stage"]), [v for n, v in scalars(path).items() if n.endswith("/algo/period.has_Rp")])
+    stage, has_rp = MPI.COMM_WORLD.bcast(stop, root=0)
+    if check_mid_period:
+        assert stage == "delay" and (S // 2 - warmup) % k != 0     # stopped inside the delay stage, mid-period
+    if held is not None:
+        assert has_rp == [int(held)] * MPI.COMM_WORLD.Get_size()
     assert all_ranks(main(["train", "--run-dir", split, "--resume", "auto"] + args)) == [0] * MPI.COMM_WORLD.Get_size()
 
     result = None
@@ -99,10 +136,12 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(CASES) + list(SCHEDULED))
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
-    args = COMMON + ["--steps", str(S)] + CASES[case]
-    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=case.startswith("ssd"))
+    args = COMMON + ["--steps", str(S)] + {**CASES, **SCHEDULED}[case]
+    held = {"ssd-period-merge-mid-delay": True, "ssd-period-merge": False}.get(case)
+    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=case.startswith("ssd"),
+                                                 held=held)
     assert diff == [], f"not bitwise identical after resume: {diff}"
     assert "model/global_weights" in compared and f"rank_{MPI.COMM_WORLD.Get_size() - 1:04d}/model/params" in compared
 
