@@ -9,9 +9,10 @@ Buffers (1-D, the model's dtype and device):
 ``M`` is the global momentum buffer. Subclasses implement the delay stage
 (``_begin_delay``, ``_delay_step``) and their extra state.
 
-``--delay auto`` (``config.delay == "auto"``): ``k`` is None until the switch, where
-``ssdmpi/algos/auto_delay.py`` chooses it from the warm-up's measurements (collective);
-``delay_choice`` holds the result and ``on_delay_chosen`` (set by the trainer) is told of it.
+``--delay auto`` (``config.delay == "auto"``): ``k`` (and the merge delay ``d``, unless
+``--merge-delay`` fixes it) is None until the switch, where ``ssdmpi/algos/auto_delay.py``
+chooses it from the warm-up's measurements (collective); ``delay_choice`` holds the result and
+``on_delay_chosen`` (set by the trainer) is told of it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Algorithm:
         self.d = config.merge_delay       # the merge delay of delta-merge (None otherwise, or until auto chooses)
         self.delay_choice = None          # --delay auto: the DelayChoice, once made
         self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
-        self._meter = auto_delay.DelayMeter(hi=config.delay_max) if self.auto else None
+        self._meter = auto_delay.DelayMeter(hi=config.delay_max, mu=config.momentum,
+                                            d=config.merge_delay) if self.auto else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()
@@ -228,7 +230,7 @@ class Algorithm:
             return auto_delay.probe_cpu(self.comm, self.xp.zeros(max(1, int(fraction * n)), self.model.grads.dtype))
 
         self.delay_choice = self._meter.choose(self.comm, self.t, probe)
-        self.k = self.delay_choice.k
+        self.k, self.d = self.delay_choice.k, self.delay_choice.d
         if self.on_delay_chosen is not None:
             self.on_delay_chosen(self.delay_choice)
 
@@ -237,7 +239,7 @@ class Algorithm:
         inside the warm-up, the samples measured so far."""
         if "auto.k" in d:
             self.delay_choice = auto_delay.DelayChoice.from_state(d)
-            self.k = self.delay_choice.k
+            self.k, self.d = self.delay_choice.k, self.delay_choice.d
         elif str(d.get("stage")) == "delay":
             raise UserError("the checkpoint's delay stage has no --delay auto choice in it (was it trained with "
                             "a fixed --delay?); resume with that --delay")

@@ -20,8 +20,8 @@ ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")
 COMMS = ("step", "period")
 ASGD_ORDERS = ("arrival", "round-robin")   # asgd: pushes applied as they arrive, or in worker order (tests)
 DEFAULT_SERVERS = 1
-# The sparsified schedule is the default: at k = 5 its rule delta-own keeps W within 1 point
-# of SSGD on the reference tasks (docs/PERIOD_RULE.md section 7, docs/ACCURACY.md).
+# The sparsified schedule is the default: its rule delta-merge (docs/PERIOD_RULE.md) keeps W
+# within a point of SSGD on the reference tasks at k = 5 and 10 (docs/ACCURACY.md).
 DEFAULT_COMM = "period"
 DEFAULT_DELAY = 5
 DEFAULT_LOCAL_UPDATE = "global-momentum"
@@ -122,6 +122,7 @@ class AlgoConfig:
         rule = (self.period_rule or default_period_rule()) if comm == "period" else None
         delay = self.delay or (1 if a == "odsgd" else DEFAULT_DELAY if a != "ssgd" else None)
         if delay == "auto":
+            _check_auto_applies(a, comm, rule)
             _check_auto_warmup(self.warmup_steps)
         resolved = dataclasses.replace(self, comm=comm, period_rule=rule, delay=delay,
                                        delay_max=_delay_max(self.delay_max, delay),
@@ -236,6 +237,20 @@ def _merge_delay(merge_delay, rule, delay) -> int | None:
         raise UserError(f"--merge-delay {merge_delay} is longer than the period --delay {delay}: a period's sum "
                         "must be merged before the next one is posted; use --merge-delay <= --delay")
     return int(merge_delay)
+
+
+def _check_auto_applies(algo: str, comm: str | None, rule: str | None) -> None:
+    """``--delay auto`` chooses the period and the merge delay of ``--comm period`` with a rule that
+    has one (delta-merge); elsewhere there is no merge delay to hide the allreduce behind."""
+    if algo == "localsgd":
+        raise UserError("--delay auto does not apply to --algo localsgd (its averaging blocks: there is no "
+                        "allreduce in flight to hide); give a fixed --delay K")
+    if comm == "step":
+        raise UserError("--delay auto does not apply to --comm step (it sends every step, overlapped with one "
+                        "step: k does not hide it); give a fixed --delay K, or use --comm period")
+    if rule is not None and not period_rules()[rule].uses_merge_delay:
+        raise UserError(f"--delay auto chooses the period and the merge delay of --period-rule delta-merge; "
+                        f"--period-rule {rule} has no merge delay: give a fixed --delay K, or use delta-merge")
 
 
 def _check_auto_warmup(warmup_steps: int) -> None:

@@ -2,13 +2,15 @@
 
 A period is the ``k`` iterations ``m = j*k ... j*k + k - 1`` of the delay stage; its
 end is the iteration with ``(m + 1) % k == 0``. Each rule posts one nonblocking
-allreduce (mean over ranks) at a period's end and completes the previous period's at
-the same point, so every request has a whole period of compute to hide behind. Two
-buffers alternate: one accumulating, one in flight. ``g`` is this rank's MEAN gradient.
+allreduce at a period's end and completes it ``d`` iterations later (``delta-merge``,
+``--merge-delay d``) or at the next period's end (the others), so every request has that
+much compute to hide behind. Two buffers alternate: one accumulating, one in flight.
+``g`` is this rank's MEAN gradient.
 
 | rule | where specified | per iteration | at a period's end |
 |---|---|---|---|
-| ``delta-own`` (default) | docs/PERIOD_RULE.md 2-4 | momentum SGD on ``L`` with a per-rank ``U`` | wait previous ``Dsum``: ``W <- W + Dsum/N``; ``D = L - S``; ``L <- W + D`` (if ``W`` changed); post ``D`` (sum); ``S <- L`` |
+| ``delta-merge`` (default) | docs/PERIOD_RULE.md | as delta-own | post ``D = L - S`` (sum); ``S <- L``; ``d`` iterations later: ``W <- W + Dsum/N``; ``L <- W + (L - S)``; ``S <- W`` |
+| ``delta-own`` | docs/PERIOD_RULE.md | momentum SGD on ``L`` with a per-rank ``U`` | wait previous ``Dsum``: ``W <- W + Dsum/N``; ``D = L - S``; ``L <- W + D`` (if ``W`` changed); post ``D`` (sum); ``S <- L`` |
 | ``replay`` (ablation) | ALGORITHM.md 5b, PERIOD_RULE.md 6 | ``A += g``; local update (``--local-update``) | post ``A``; wait the previous period's ``Abar``; ``k`` global steps with ``Abar/k``; ``L <- W`` |
 
 A result drained between iterations (checkpoint) is held (``has_Rp``, ``Rp``) and
@@ -268,4 +270,4 @@ class DeltaMerge(DeltaOwn):
 
 
 PERIOD_RULES = {"delta-own": DeltaOwn, "delta-merge": DeltaMerge, "replay": GradientReplay}
-DEFAULT_PERIOD_RULE = "delta-own"   # docs/PERIOD_RULE.md
+DEFAULT_PERIOD_RULE = "delta-merge"   # docs/PERIOD_RULE.md, docs/ACCURACY.md

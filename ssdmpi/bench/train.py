@@ -114,6 +114,7 @@ class Variant:
     k: int | str | None = None   # "auto": --delay auto
     servers: int | None = None     # asgd: parameter-server ranks, on top of the workers
     delay_max: int | None = None   # --delay-max of an auto variant
+    merge_delay: int | None = None   # --merge-delay of a --comm period variant
 
     def train_flags(self) -> list:
         flags = ["--algo", self.algo]
@@ -125,24 +126,31 @@ class Variant:
             flags += ["--delay", str(self.k)]
         if self.delay_max is not None:
             flags += ["--delay-max", str(self.delay_max)]
+        if self.merge_delay is not None:
+            flags += ["--merge-delay", str(self.merge_delay)]
         return flags
 
 
 def parse_variant(spec: str) -> Variant:
-    """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``
-    (``K`` a positive integer, or ``auto`` for ssd: ``--delay auto``; ``auto:M``: with ``--delay-max M``)."""
+    """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:period:K:dD`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``
+    (``K`` a positive integer, or ``auto`` for ssd --comm period: ``--delay auto``; ``auto:M``: with
+    ``--delay-max M``; ``dD``: ``--merge-delay D``)."""
     parts = spec.strip().split(":")
     try:
         if parts == ["ssgd"]:
             return Variant("ssgd", "ssgd")
         if parts == ["odsgd"]:
             return Variant("odsgd", "odsgd", k=1)
-        if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and parts[2] == "auto":
-            return Variant(f"ssd-{parts[1]}-kauto", "ssd", comm=parts[1], k="auto")   # --delay auto
-        if parts[0] == "ssd" and len(parts) == 4 and parts[1] in ("period", "step") and parts[2] == "auto" \
+        if parts[0] == "ssd" and len(parts) == 3 and parts[1] == "period" and parts[2] == "auto":
+            return Variant("ssd-period-kauto", "ssd", comm="period", k="auto")   # --delay auto
+        if parts[0] == "ssd" and len(parts) == 4 and parts[1] == "period" and parts[2] == "auto" \
                 and int(parts[3]) >= 1:
-            return Variant(f"ssd-{parts[1]}-kauto-max{int(parts[3])}", "ssd", comm=parts[1], k="auto",
+            return Variant(f"ssd-period-kauto-max{int(parts[3])}", "ssd", comm="period", k="auto",
                            delay_max=int(parts[3]))
+        if parts[0] == "ssd" and len(parts) == 4 and parts[1] == "period" and parts[3][:1] == "d" \
+                and int(parts[2]) >= int(parts[3][1:]) >= 1:
+            return Variant(f"ssd-period-k{int(parts[2])}-d{int(parts[3][1:])}", "ssd", comm="period",
+                           k=int(parts[2]), merge_delay=int(parts[3][1:]))
         if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and int(parts[2]) >= 1:
             return Variant(f"ssd-{parts[1]}-k{int(parts[2])}", "ssd", comm=parts[1], k=int(parts[2]))
         if parts[0] == "localsgd" and len(parts) == 2 and int(parts[1]) >= 1:
@@ -151,9 +159,9 @@ def parse_variant(spec: str) -> Variant:
             return asgd_variant(parts)
     except ValueError:
         pass
-    raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K, "
-                    "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto or auto:M, M the "
-                    "--delay-max; S servers)")
+    raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:period:K:dD, "
+                    "ssd:step:K, localsgd:K or asgd:S (K a positive integer, D <= K the merge delay; ssd:period "
+                    "also takes auto or auto:M, M the --delay-max; S servers)")
 
 
 def asgd_variant(parts: list) -> Variant:
@@ -478,8 +486,9 @@ def add_arguments(parser) -> None:
     deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
-                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto, or auto:M: with --delay-max M), "
-                             "asgd:S (S parameter servers, on ranks of their own)")
+                             "ssd:period:K:dD (--merge-delay D), ssd:step:K, localsgd:K (ssd:period K may be auto: "
+                             "--delay auto, or auto:M: with --delay-max M), asgd:S (S parameter servers, on ranks of "
+                             "their own)")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "

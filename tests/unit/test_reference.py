@@ -178,8 +178,7 @@ def test_delta_own_invariants_of_period_rule_md():
     after finalize (mid-period), W = mean_r L_r (exact arithmetic; float64 here)."""
     x, y = data()
     N, k, T_w, B = 3, 4, 2, 4
-    cfg = AlgoConfig(algo="ssd", comm="period", delay=k, warmup_steps=T_w, lr=0.05)
-    assert cfg.validate(N).period_rule == "delta-own"                    # the default rule
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-own", delay=k, warmup_steps=T_w, lr=0.05)
 
     def batches(r, t):                                                    # a different batch per worker
         at = ((t * N + r) * B) % (len(x) - B)
