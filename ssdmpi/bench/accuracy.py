@@ -159,11 +159,11 @@ def parse(args) -> tuple[list[dict], dict]:
     settings = dict(dataset=args.dataset, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
                     momentum=args.momentum, weight_decay=args.weight_decay, train_subset=args.train_subset or 0)
     configs = []
-    # Seed-major, then variant-major inside a row, k = 5 first: an interrupted sweep has whole
-    # tables of the first seeds, and the requirement's column first.
+    # Model-major (the cheaper model first on the command line gets its whole table first), then
+    # seed-major, variant-major inside a row, k = 5 first: an interrupted sweep has whole tables.
     k_order = sorted(delays, key=lambda k: (k != 5, k))
-    for seed in seeds:
-        for model in models:
+    for model in models:
+        for seed in seeds:
             for lr in lrs:
                 for k in k_order:
                     for n in ranks:

@@ -33,6 +33,7 @@ CONFIGS = (
     dict(algo="ssd", comm="step", delay=2, local_update="sgd"),
     dict(algo="ssd", comm="period", period_rule="replay", delay=3),
     dict(algo="ssd", comm="period", period_rule="delta-own", delay=3),
+    dict(algo="ssd", comm="period", period_rule="delta-merge", delay=3, merge_delay=2),
     dict(algo="odsgd"),
     dict(algo="localsgd", delay=3),
 )
