@@ -130,10 +130,11 @@ class Algorithm:
         self.drain()
 
     def __repr__(self) -> str:
-        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-own, lr=0.1, ...)``: the key settings."""
+        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-merge, d=1, lr=0.1, ...)``: the key settings."""
         c = self.config
         k = "auto" if self.auto and self.k is None else self.k
-        keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule),
+        d = "auto" if self.auto and self.d is None and c.period_rule == "delta-merge" else self.d
+        keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule), ("d", d),
                 ("local_update", c.local_update), ("local_lr", c.local_lr), ("lr", c.lr),
                 ("momentum", c.momentum), ("weight_decay", c.weight_decay))
         shown = ", ".join(f"{k}={v}" for k, v in keys if v is not None)

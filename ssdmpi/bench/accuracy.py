@@ -9,7 +9,7 @@ One configuration = (model, lr, N, variant, k, seed). Each runs ``epochs * steps
 iterations (an epoch is ``floor(n_train / (N * B))`` iterations, the sharded loader's
 policy, so every variant of a row sees the same samples in the same order), then
 ``Simulation.finalize()`` (the end-of-training flush: what is in flight is applied to
-``W``; ``delta-own`` folds its partial period in), then the accuracy of ``W`` on the whole
+``W``; ``delta-merge`` and ``delta-own`` fold the progress not yet posted in), then the accuracy of ``W`` on the whole
 test set. Model initialisation and data order use the seed, identical for every variant.
 ``--lr`` and ``--seed`` take lists: one command runs the whole grid.
 
@@ -64,7 +64,7 @@ VARIANTS = {
 }
 # Variants without a delay/period k: one configuration (k = 0) and one column per row.
 NO_DELAY = ("ssgd", "asgd")
-DEFAULT_VARIANTS = ("ssgd", "step/global-momentum", "step/glu-paper", "step/sgd", "period/delta-own", "localsgd")
+DEFAULT_VARIANTS = ("ssgd", "period/delta-merge", "period/delta-own", "step/global-momentum", "localsgd")
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
 SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "momentum", "weight_decay",
