@@ -446,13 +446,13 @@ _FLAGS = {
     "algorithm (docs/ALGORITHM.md)": [
         ("algo", {"choices_help": ALGOS}, "training algorithm"),
         ("delay", {"type": delay_value, "metavar": "K|auto"},
-         "delay k, iterations between pulls of the global model (localsgd: between model averages); "
-         "auto: the smallest k (1-32) that hides the allreduce and amortises the CPU time it takes in "
-         "flight, measured in the SSGD warm-up "
-         "(needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)"),
+         "delay k, iterations between pulls of the global model (--comm period: the period; localsgd: "
+         "between model averages); auto (--comm period --period-rule delta-merge): the merge delay d that "
+         "hides the allreduce and the period k that amortises it, within the rule's stable region, measured "
+         "in the SSGD warm-up (needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)"),
         ("delay_max", {"type": int, "metavar": "K"},
-         "the largest k --delay auto may choose: a cap on staleness for a model whose accuracy drops at long "
-         "periods (e.g. 5: the accuracy table's k; below what hiding the allreduce needs, part of it is exposed)"),
+         "the largest k (and d) --delay auto may choose: a cap on staleness (below what hiding the allreduce "
+         "needs, part of it is exposed)"),
         ("warmup_steps", {"type": int, "metavar": "T", "group": "warmup"}, "SSGD warm-up iterations"),
         ("warmup_epochs", {"type": float, "metavar": "E", "group": "warmup"},
          "SSGD warm-up in epochs (instead of --warmup-steps)"),
