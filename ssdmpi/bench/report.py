@@ -45,11 +45,14 @@ entry into ``docs/results/``, and run ``ssdmpi bench report --out BENCHMARKS.md`
 
 A table's rows come from the lists of row objects at ``path`` (dotted, default ``rows``; an
 object there is one row) of the named results, filtered by ``where`` (a value, or a list of
-allowed values, per key) and extended by ``add``; a column is ``[key, header, format]``
-(``str.format``; a number column is right-aligned; blank where a row has no value). A claim's
-value is one such row's ``field`` (exactly one row must match), or ``"agg": "min" | "max" |
-"maxabs"`` over every matching row, or ``{"ratio": [A, B]}`` / ``{"difference": [A, B]}`` of two
-values; the claim is met when every value passes ``test`` (``>=``, ``<=``, ``>``, ``<``).
+allowed values, per key) and extended by ``add``; a column is ``[key, header, format]`` or
+``[key, header, format, scale]`` (``str.format`` of the value times ``scale``, e.g. ``1000`` for
+seconds shown in ms; a column with a format is right-aligned; blank where a row has no value; a
+list, one value per run, is shown comma-separated). A claim's value is one such row's ``field``
+(exactly one row must match), or ``"agg": "min" | "max" | "maxabs"`` (the largest absolute
+value) over every matching row and every value of a list, or ``{"ratio": [A, B]}`` /
+``{"difference": [A, B]}`` of two values; the claim is met when every value passes ``test``
+(``>=``, ``<=``, ``>``, ``<``).
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ import json
 import operator
 import os
 import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -147,22 +149,31 @@ def claim_value(entry: Entry, spec: dict) -> float:
         a, b = (claim_value(entry, s) for s in spec.get("ratio") or spec["difference"])
         return a / b if "ratio" in spec else a - b
     rows = select_rows(entry, spec)
-    values = [row.get(spec["field"]) for row in rows]
-    if any(not isinstance(v, (int, float)) for v in values) or not values:
+    values = []
+    for row in rows:        # a list of numbers in one cell (one per run) counts as that many values
+        cell = row.get(spec["field"])
+        values += cell if isinstance(cell, list) else [cell]
+    if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values) or not values:
         raise UserError(f"{entry.where()}: {spec['field']!r} where {spec.get('where', {})} in result "
                         f"{spec['result']!r}: {len(values)} row(s), values {values}; expected numbers")
     agg = spec.get("agg", "one")
     if agg == "one" and len(values) != 1:
         raise UserError(f"{entry.where()}: {spec.get('where', {})} matches {len(values)} rows of result "
                         f"{spec['result']!r}; narrow it or give \"agg\"")
-    return {"one": values[0], "min": min(values), "max": max(values),
-            "maxabs": max(values, key=abs)}[agg]
+    if agg not in ("one", "min", "max", "maxabs"):
+        raise UserError(f"{entry.where()}: \"agg\": {agg!r}; use min, max or maxabs")
+    return {"one": values[0], "min": min(values), "max": max(values), "maxabs": max(abs(v) for v in values)}[agg]
 
 
-def fmt(value, template: str = "{}") -> str:
-    """``value`` through ``template`` (blank for None; a value the template does not fit, as is)."""
+def fmt(value, template: str = "{}", scale: float = 1) -> str:
+    """``value`` (times ``scale`` if a number) through ``template``: blank for None, a list's items
+    joined with commas, a value the template does not fit as it is."""
     if value is None or value == "":
         return ""
+    if isinstance(value, list):
+        return ", ".join(fmt(v, template, scale) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = value * scale if scale != 1 else value
     try:
         return template.format(value)
     except (ValueError, TypeError):
@@ -190,13 +201,13 @@ def markdown_table(header: list, rows: list, numeric: list | None = None) -> lis
 
 def render_table(entry: Entry, table: dict) -> list:
     """One entry table's lines (caption, then the table)."""
-    columns = [(c[0], c[1], c[2] if len(c) > 2 else "{}") for c in table["columns"]]
+    columns = [(c[0], c[1], c[2] if len(c) > 2 else "{}", c[3] if len(c) > 3 else 1) for c in table["columns"]]
     rows = [row for source in table["rows"] for row in select_rows(entry, source)]
     if not rows:
         raise UserError(f"{entry.where()}: a table selects no rows ({table.get('caption', table['rows'])})")
-    body = [[fmt(row.get(key), form) for key, _, form in columns] for row in rows]
+    body = [[fmt(row.get(key), form, scale) for key, _, form, scale in columns] for row in rows]
     lines = [table["caption"], ""] if table.get("caption") else []
-    return lines + markdown_table([h for _, h, _ in columns], body, [form != "{}" for _, _, form in columns])
+    return lines + markdown_table([c[1] for c in columns], body, [c[2] != "{}" for c in columns])
 
 
 def _paragraphs(value) -> list:
@@ -210,6 +221,17 @@ class Page:
 
     def __init__(self, entries: list, out_dir: Path):
         self.entries, self.out_dir = entries, out_dir
+        self.machine_names = {}          # machine (as sorted JSON) -> its name on the page, unique
+        for entry in entries:
+            for result in entry.results.values():
+                key = json.dumps(result["machine"], sort_keys=True)
+                if key not in self.machine_names:
+                    name = machine_label(result["machine"])
+                    taken = sum(1 for n in self.machine_names.values() if n.split(" #")[0] == name)
+                    self.machine_names[key] = name + (f" #{taken + 1}" if taken else "")
+
+    def machine(self, result: dict) -> str:
+        return self.machine_names[json.dumps(result["machine"], sort_keys=True)]
 
     def link(self, target: Path) -> str:
         return Path(os.path.relpath(target, self.out_dir)).as_posix()
@@ -230,7 +252,7 @@ class Page:
         used = _used_results(claim["values"])
         command = f"[`{_command_name(entry.result(used[0])['command'])}`](#{anchor(entry.title)})"
         data = ", ".join(f"[{label}]({self.link(entry.result_paths[label])})" for label in used)
-        machines = "; ".join(dict.fromkeys(machine_label(entry.result(label)["machine"]) for label in used))
+        machines = "; ".join(dict.fromkeys(self.machine(entry.result(label)) for label in used))
         return [claim["claim"], figure, claim["goal"], verdict, machines, command, data]
 
     def summary(self) -> str:
@@ -254,15 +276,17 @@ class Page:
         return "\n".join(out).rstrip() + "\n"
 
     def runs(self, entry: Entry) -> list:
-        """Each result's command, date, load, machine and data file."""
+        """Each result's settings, date, load, machine, data file and command; then, once, how the
+        results measured before the result-file format were recorded."""
         out = []
         for label, result in entry.results.items():
-            where = [result["date"], _load(result), machine_label(result["machine"]),
+            where = [result.get("settings"), result["date"], _load(result), self.machine(result),
                      f"[data]({self.link(entry.result_paths[label])})"]
-            out += [f"**{label}**: " + "; ".join(w for w in where if w) + ".", ""]
-            if result.get("recorded"):
-                out += [f"*Recorded before this format:* {result['recorded']}", ""]
-            out += ["```bash", wrap_command(result["command"]), "```", ""]
+            out += [f"**{label}**: " + "; ".join(w for w in where if w) + ".", "",
+                    "```bash", wrap_command(result["command"]), "```", ""]
+        recorded = list(dict.fromkeys(r["recorded"] for r in entry.results.values() if r.get("recorded")))
+        if recorded:
+            out += ["*Recorded before this format:* " + " ".join(recorded), ""]
         return out
 
     def sections(self) -> str:
@@ -271,10 +295,7 @@ class Page:
     # --- the machines
 
     def machines(self) -> str:
-        found = {}
-        for entry in self.entries:
-            for result in entry.results.values():
-                found.setdefault(machine_label(result["machine"]), result["machine"])
+        found = {name: json.loads(key) for key, name in self.machine_names.items()}
         keys = list(MACHINE_KEYS) + sorted({k for m in found.values() for k in m} - set(MACHINE_KEYS))
         rows = [[key] + [fmt(m.get(key)) for m in found.values()] for key in keys
                 if any(m.get(key) is not None for m in found.values())]
@@ -292,7 +313,7 @@ def _used_results(values: list) -> list:
 
 def _command_name(command: str) -> str:
     """``ssdmpi bench KIND`` (or ``python -m MODULE``) out of a whole command line."""
-    found = re.search(r"ssdmpi bench \w+|python3? -m [\w.]+", command)
+    found = re.search(r"ssdmpi bench \w+", command) or re.search(r"python3? -m [\w.]+", command)
     return found.group(0) if found else command.split()[0]
 
 
@@ -310,23 +331,34 @@ def machine_label(machine: dict) -> str:
                      if p)
 
 
+def _words(line: str) -> list:
+    """``line`` cut at the spaces outside quotes, each piece keeping its quotes."""
+    words, word, quote = [], "", None
+    for char in line:
+        if char == " " and quote is None:
+            words, word = words + [word] if word else words, ""
+            continue
+        quote = (None if char == quote else quote) if quote else (char if char in "'\"" else None)
+        word += char
+    return words + [word] if word else words
+
+
 def wrap_command(command: str, width: int = 100) -> str:
-    """A one-line command written by ``ssdmpi bench`` wrapped before ``--flags`` at about ``width``
-    (shell continuation lines); a command with shell syntax of its own (or already on several
-    lines) as it is."""
-    try:
-        tokens = shlex.split(command)
-    except ValueError:
-        return command
-    if "\n" in command or shlex.join(tokens) != command or len(command) <= width:
-        return command
-    lines, line = [], []
-    for token in tokens:
-        if line and token.startswith("--") and len(shlex.join(line)) > width - 30:
-            lines.append(shlex.join(line))
-            line = []
-        line.append(token)
-    return " \\\n    ".join(lines + [shlex.join(line)])
+    """Each line of ``command`` longer than ``width`` wrapped before a ``--flag`` (shell
+    continuation lines, quoted arguments kept whole; a comment stays on its line)."""
+    out = []
+    for line in command.splitlines():
+        if len(line) <= width or "#" in line:
+            out.append(line)
+            continue
+        pieces, current = [], []
+        for word in _words(line):
+            if current and word.startswith("--") and len(" ".join(current)) > width - 30:
+                pieces.append(" ".join(current))
+                current = []
+            current.append(word)
+        out.append(" \\\n    ".join(pieces + [" ".join(current)]))
+    return "\n".join(out)
 
 
 def render(results_dir: Path, out_dir: Path) -> str:
