@@ -120,8 +120,6 @@ class Entry:
 
 def load_entries(results_dir: Path) -> list:
     """The entries of ``results_dir`` (``*.json``), sorted by ``order`` then file name."""
-    if not results_dir.is_dir():
-        raise UserError(f"--results {results_dir}: no such directory (run from the repository root)")
     entries = [Entry(p) for p in sorted(results_dir.glob("*.json"))]
     return sorted(entries, key=lambda e: (e.spec.get("order", 0), e.path.name))
 
@@ -363,6 +361,8 @@ def wrap_command(command: str, width: int = 100) -> str:
 
 def render(results_dir: Path, out_dir: Path) -> str:
     """The page: ``results_dir/page.md`` with its placeholders filled from the entries."""
+    if not results_dir.is_dir():
+        raise UserError(f"--results {results_dir}: no such directory (run from the repository root)")
     template_path = results_dir / "page.md"
     try:
         template = template_path.read_text(encoding="utf-8")
