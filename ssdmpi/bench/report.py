@@ -17,10 +17,13 @@ Inputs (``--results DIR``, default ``docs/results``):
   ``bench comm``, ``bench engine`` and ``bench model`` write with ``--json FILE``. Results
   measured before that format are under ``DIR/recorded/``, each saying so.
 
-**Adding a result**: run the benchmark with its output under ``docs/figures/NAME/`` (``--out
-docs/figures/NAME`` or ``--json docs/figures/NAME/result.json``), then either point an
-existing entry's ``results`` at the new file (a rerun replaces the old figure) or drop a new
-entry into ``docs/results/``, and run ``ssdmpi bench report --out BENCHMARKS.md``. An entry::
+**Adding a result**: put the benchmark's result file under ``docs/figures/NAME/`` (``bench
+engine|comm|model --json docs/figures/NAME/result.json``; after ``bench train|accuracy --out
+OUT``, copy ``OUT/result.json`` with ``results.md``, ``results.csv`` and the figures you show, not
+the run directories), then either point an existing entry's ``results`` at it (a rerun
+replaces the old figure) or drop a new entry into ``docs/results/``, and run ``ssdmpi bench
+report --out BENCHMARKS.md``; commit the result file, the entry and the page together. An
+entry::
 
     {
       "title": "Communication-bound: ssd vs ssgd",          section heading
