@@ -90,5 +90,5 @@ def provenance(benchmark: str, argv: list | None = None) -> dict:
 
 
 def dumps(result: dict) -> str:
-    """A result as the text of its file (JSON, one key per line at the top, numbers at full precision)."""
-    return json.dumps(result, indent=1, default=str) + "\n"
+    """A result as the text of its file (indented JSON, numbers at full precision)."""
+    return json.dumps(result, indent=2, default=str) + "\n"
