@@ -3,7 +3,8 @@
 A result file is one JSON object. Its provenance keys are the same for every kind::
 
     format        "ssdmpi-bench-result/1"
-    benchmark     the kind: "train", "comm", "engine", "model", "accuracy"
+    benchmark     the kind: "train", "comm", "engine", "model", "accuracy" (and "threads":
+                  ``python -m ssdmpi.bench.threads``)
     command       the command line as typed, e.g. "ssdmpi bench train --net 1gbit ..."
     date          when the result was written, UTC, ISO 8601 ("2026-12-02T07:50:12Z")
     machine       {"cpu", "cores", "usable_cpus", "memory_gib", "os", "python", "numpy", "mpi", "mpi4py"}
@@ -11,8 +12,8 @@ A result file is one JSON object. Its provenance keys are the same for every kin
                   machine's load moves timings; the 15-minute one covers most runs)
 
 The numbers follow under the kind's own keys: ``rows`` (one object per table row) for
-``train`` (``OUT/result.json``) and ``accuracy`` (``OUT/result.json``); the ``--json FILE``
-document of ``comm``, ``engine`` and ``model``. Results measured before this format existed
+``train`` (``OUT/result.json``), ``accuracy`` (``OUT/result.json``) and ``threads`` (``--json
+FILE``); the ``--json FILE`` document of ``comm``, ``engine`` and ``model``. Results measured before this format existed
 carry ``recorded``: a sentence saying where their numbers and command come from.
 
 ``ssdmpi bench report`` renders ``BENCHMARKS.md`` from result files (``ssdmpi/bench/report.py``).
@@ -30,13 +31,13 @@ import time
 FORMAT = "ssdmpi-bench-result/1"
 
 
-def command_line(argv: list | None = None) -> str:
-    """The ``ssdmpi ...`` command that is running (``argv``: its arguments, default ``sys.argv[1:]``).
+def command_line(argv: list | None = None, program: str = "ssdmpi") -> str:
+    """The command that is running: ``program`` and ``argv`` (its arguments, default ``sys.argv[1:]``).
 
     ``ssdmpi ARGS`` and ``python -m ssdmpi ARGS`` both give ``"ssdmpi ARGS"``; a launcher in
     front of it (``mpiexec -n 2``) is not visible from inside and is not included.
     """
-    return shlex.join(["ssdmpi", *(sys.argv[1:] if argv is None else argv)])
+    return " ".join([program, shlex.join(sys.argv[1:] if argv is None else argv)]).strip()
 
 
 def _cpu_model() -> str:
@@ -79,13 +80,14 @@ def machine() -> dict:
             "numpy": version(("numpy",)), "mpi": _mpi_library(), "mpi4py": version(("mpi4py",))}
 
 
-def provenance(benchmark: str, argv: list | None = None) -> dict:
-    """The provenance keys of a result file (module docstring), measured now."""
+def provenance(benchmark: str, argv: list | None = None, program: str = "ssdmpi") -> dict:
+    """The provenance keys of a result file (module docstring), measured now (``command_line``'s
+    ``argv`` and ``program``)."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
-    return {"format": FORMAT, "benchmark": benchmark, "command": command_line(argv),
+    return {"format": FORMAT, "benchmark": benchmark, "command": command_line(argv, program),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), "load_average": load}
 
 

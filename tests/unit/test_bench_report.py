@@ -234,3 +234,23 @@ def test_bench_engine_json_is_a_result_file(monkeypatch, capsys):
     assert data["command"] == "ssdmpi bench engine --model mlp --json -"
     assert data["machine"]["cores"] >= 1
     assert {k: data[k] for k in measured} == measured
+
+
+def test_bench_threads_json_is_a_result_file_with_one_row_per_rank_count(tmp_path, monkeypatch):
+    """The training runs are stubbed (wall and run seconds by side): what is checked is the file."""
+    from ssdmpi.bench import threads
+
+    seconds = {"auto": (3.0, 1.2), "OMP_NUM_THREADS=1": (2.0, 1.0), threads.UNLIMITED: (30.0, 25.0)}
+    monkeypatch.setattr(threads, "one_run", lambda launcher, n, side, args, workdir: {
+        "wall_s": seconds[side][0] * n, "train_s": seconds[side][1] * n, "placement": "1 thread"})
+    out = tmp_path / "threads.json"
+    argv = ["--ranks", "2,4", "--pairs", "1", "--unlimited-runs", "1", "--json", str(out)]
+    monkeypatch.setattr("sys.argv", ["threads.py"] + argv)
+    assert threads.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["format"] == FORMAT and data["benchmark"] == "threads"
+    assert data["command"] == f"python -m ssdmpi.bench.threads --ranks 2,4 --pairs 1 --unlimited-runs 1 --json {out}"
+    assert data["rows"] == [
+        {"ranks": n, "bare_wall_s": 3.0 * n, "bare_run_s": 1.2 * n, "omp1_wall_s": 2.0 * n, "omp1_run_s": 1.0 * n,
+         "unlimited_wall_s": 30.0 * n, "unlimited_run_s": 25.0 * n, "ratio_wall": 1.5, "ratio_run": pytest.approx(1.2)}
+        for n in (2, 4)]
