@@ -48,7 +48,7 @@ from ssdmpi.data.names import DATASETS
 from ssdmpi.errors import UserError
 from ssdmpi.optim.local import LOCAL_UPDATES
 from ssdmpi.parsing import parse_list, parse_size
-from ssdmpi.validate import choice, flag_name, is_int, nonnegative_int, number, positive_int
+from ssdmpi.validate import choice, did_you_mean, flag_name, is_int, nonnegative_int, number, positive_int
 
 # The choices this module owns (the others are imported from the modules that implement them).
 DEVICES = ("auto", "cpu", "gpu")
@@ -282,6 +282,16 @@ def _widths(text: str) -> list:
     return parse_list(text, "--widths", int, minimum=1, example="256,128")
 
 
+def _size(text: str) -> int:
+    """``--bucket-size``'s type: bytes, or argparse's error naming the flag."""
+    import argparse
+
+    try:
+        return parse_size(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _show(value) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
@@ -467,7 +477,7 @@ _FLAGS = {
          "who drives nonblocking allreduces: {choices}; auto = "
          + ", ".join(f"{k}: {v}" for k, v in PROGRESS_DEFAULTS.items())),
         ("transport", {"choices_help": TRANSPORTS}, "how GPU buffers reach MPI"),
-        ("bucket_size", {"type": parse_size, "metavar": "SIZE"},
+        ("bucket_size", {"type": _size, "metavar": "SIZE"},
          "split each allreduce into pieces of SIZE bytes (e.g. 4M; K, M, G are powers of 1024)"),
         ("stall_timeout", {"type": float, "metavar": "SEC"}, "abort the job when one wait lasts longer than this"),
         ("seed", {"type": int}, "seed of initialisation, data order, augmentation"),
@@ -585,13 +595,17 @@ def _normalise(data: dict, where: str) -> dict:
         if name == "no_progress_bar":
             name, value = "progress_bar", not value
         if name not in FIELD_NAMES:
-            raise UserError(f"{where}: unknown setting {key!r} (see ssdmpi train --help for the settings)")
+            raise UserError(f"{where}: unknown setting {key!r}{did_you_mean(name, FIELD_NAMES)}; "
+                            "see ssdmpi train --help for the settings")
         if name == "widths" and isinstance(value, str):
             value = _widths(value)
         if name == "widths" and is_int(value):
             value = [value]
         if name == "bucket_size" and isinstance(value, str):
-            value = parse_size(value)
+            try:
+                value = parse_size(value)
+            except UserError as exc:
+                raise UserError(f"{where}: bucket_size: {exc}") from None
         if is_int(value) and \
                 isinstance(getattr(TrainConfig, name, None), float):
             value = float(value)
