@@ -51,6 +51,7 @@ import types
 from ssdmpi.config import add_arguments as _add_config_arguments
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, UserError  # noqa: F401 (re-exported)
 from ssdmpi.loop import evaluate_now, save, train
+from ssdmpi.relaunch import resume_command
 from ssdmpi.report import Reporter
 
 EPILOG = """\
@@ -121,13 +122,14 @@ def run(args) -> int:
         from ssdmpi.run_setup import print_config
 
         return print_config(args)
-    return run_job(args, exiting=True)[0]
+    return run_job(args, command=True)[0]
 
 
-def run_job(args, model=None, dataset=None, exiting: bool = False):
+def run_job(args, model=None, dataset=None, command: bool = False):
     """Collective: one run; ``(exit code, Job)``. ``model``/``dataset`` (the Python API,
-    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``exiting``: the
-    process ends after this run (``Stop``).
+    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``command``: the
+    ``ssdmpi train`` command runs this job (its process ends after it, ``Stop``; the hints it
+    prints are command lines), not a script through the Python API.
 
     Every resource (signal handlers, communicator, loader, metrics files) is entered into
     one ExitStack, which frees it on every exit path. The signal handlers go in first, so
@@ -140,7 +142,7 @@ def run_job(args, model=None, dataset=None, exiting: bool = False):
     from ssdmpi.comm.communicator import Communicator
 
     with contextlib.ExitStack() as resources:
-        stop = resources.enter_context(Stop(exiting))
+        stop = resources.enter_context(Stop(exiting=command))
         # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and
         #    resolves; every rank gets the same TrainConfig.
         rank, size = world.rank_and_size()
@@ -153,13 +155,15 @@ def run_job(args, model=None, dataset=None, exiting: bool = False):
             xp = backend.get_xp()
             comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
             job = setup(cfg, soft, ckpt_meta, comm, xp, resources, model=model, dataset=dataset)
-            job.placement = placement
+            job.placement, job.command = placement, command
             if ckpt_path is not None:
                 resume(job, comm, ckpt_path)
         except BaseException:
             if rank == 0:
                 run_setup.remove_created(created)
             raise
+        if ckpt_path is not None and job.state.step >= job.total_steps:
+            return complete(job, comm), job
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
         # 3. The loop, then 4. the end.
         code, reason = train(job, comm, out, stop)
@@ -183,6 +187,7 @@ class Job:
     workers: int             # ranks that train on data (all but asgd's servers, which have no loader)
     last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
     placement: object = None             # this rank's threads and GPU, and why (comm/node.py)
+    command: bool = False                # run by the ssdmpi train command (else a script, the Python API)
 
 
 def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=None) -> Job:
@@ -261,9 +266,9 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
     if reason:
         out.write({"kind": "stop", "step": job.state.step, "reason": reason, "exit_code": code,
                    "checkpoint": job.last_checkpoint})
+        again = resume_command(job.cfg.run_dir, comm.size, command=job.command)
         _say(comm.rank, f"ssdmpi train: stopped at step {job.state.step} ({reason}); checkpoint "
-                        f"{job.last_checkpoint}. Continue with: ssdmpi train --run-dir {job.cfg.run_dir} "
-                        f"--resume auto (exit code {code})")
+                        f"{job.last_checkpoint}. Continue with: {again} (exit code {code})")
         return code
     # The final checkpoint holds every rank's state as it stands now, so that training longer
     # (--resume auto with more epochs) continues bit for bit as if the run had never stopped,
@@ -276,6 +281,22 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
     save(job, comm, out, "final", tree)
     if comm.rank == 0:
         _summary(job, comm.size, run_time)
+    return 0
+
+
+def complete(job: Job, comm) -> int:
+    """Collective: resumed from a checkpoint at or past the last step of this run, there is
+    nothing to train: say so in one line and how to train longer; write nothing. ``W`` is made
+    what the run ended with (``algo.finalize()``, as ``finish`` did), for the Python API."""
+    cfg, step = job.cfg, job.state.step
+    job.algo.drain()
+    job.algo.finalize()
+    longer = {"steps": step + job.E} if cfg.steps is not None else {"epochs": int(cfg.epochs) + max(1, int(cfg.epochs))}
+    acc = job.state.last_eval.get("test_acc")
+    _say(comm.rank, f"ssdmpi train: run {cfg.run_dir} is complete (step {step} of {job.total_steps}"
+                    + (f", test accuracy {acc:.2%}" if acc is not None else "") + "); nothing to do. To train "
+                    f"longer, give a larger --{'steps' if cfg.steps is not None else 'epochs'}: "
+                    + resume_command(cfg.run_dir, comm.size, longer, command=job.command))
     return 0
 
 
