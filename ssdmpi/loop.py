@@ -254,7 +254,8 @@ def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -
     shared = state.shared(tree) if comm.rank == 0 else None
     meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
-            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc")}
+            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc"),
+            "input_shape": list(job.dataset.input_shape), "num_classes": int(job.dataset.num_classes)}
     path = checkpoint.save_collective(comm, os.path.join(cfg.run_dir, "checkpoints"), state.step, meta, tree, shared,
                                       keep=cfg.keep_checkpoints)
     out.write({"kind": "checkpoint", "step": state.step, "epoch": state.step / E, "path": path, "reason": reason})
