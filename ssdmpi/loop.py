@@ -240,7 +240,7 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
     out.write(record)
     out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
                                "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
-                               "acc": state.last_eval.get("test_acc")})
+                               "test_acc": state.last_eval.get("test_acc")})   # of the last evaluation
 
 
 def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -> str:
