@@ -11,7 +11,7 @@ from ssdmpi.comm import mpi_env  # noqa: E402
 
 mpi_env.apply()  # before anything imports mpi4py: MPI reads these when it starts
 
-from ssdmpi import train  # noqa: E402  (callable: the Python API; see ssdmpi/api.py)
+from ssdmpi.api import train  # noqa: E402  (the command's module is ssdmpi.trainer)
 from ssdmpi.restore import load_model  # noqa: E402
 
 __all__ = ["__version__", "load_model", "train"]

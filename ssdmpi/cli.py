@@ -27,7 +27,7 @@ from ssdmpi.validate import did_you_mean
 
 # name -> (module, one-line help). The order is the order of ``--help``.
 COMMANDS = {
-    "train": ("ssdmpi.train", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD"),
+    "train": ("ssdmpi.trainer", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD"),
     "eval": ("ssdmpi.evaluate", "evaluate a checkpoint on a dataset's test split"),
     "bench": ("ssdmpi.bench", "benchmarks: engine, comm, train, model, accuracy"),
     "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),

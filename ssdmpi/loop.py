@@ -1,6 +1,6 @@
 """The training loop of ``ssdmpi train`` (``train``) and what happens at its synchronisation
 points: the interval's metrics reduced over ranks (``Interval``, ``step_record``,
-``log_interval``), checkpoints (``save``) and evaluations (``evaluate_now``). ``ssdmpi/train.py``
+``log_interval``), checkpoints (``save``) and evaluations (``evaluate_now``). ``ssdmpi/trainer.py``
 sets a run up and ends it; the schedule of sync points is ``Due``'s docstring."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ssdmpi.phases import BREAKDOWN, breakdown, clock
 
 if TYPE_CHECKING:
     from ssdmpi.report import Reporter
-    from ssdmpi.train import Job, Stop
+    from ssdmpi.trainer import Job, Stop
 
 # Per-step means summed (weighted by steps) into ``state.totals`` for the run summary.
 PER_STEP_TOTALS = ("step_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", *BREAKDOWN)

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ssdmpi.train import Job
+    from ssdmpi.trainer import Job
 
 
 class Reporter:

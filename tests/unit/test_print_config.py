@@ -1,7 +1,7 @@
 """``ssdmpi train --print-config`` prints the settings the run will record in its config.yaml
 (the chosen ``--algo``'s defaults written in; the settings it does not use left unset, saying
 so), refuses what the run refuses; ``ssdmpi train --help`` lists the dataset names of the data
-registry and, like train.py's docstring, every file of a run directory."""
+registry and, like trainer.py's docstring, every file of a run directory."""
 
 import argparse
 import re
@@ -131,10 +131,10 @@ def test_building_the_cli_parser_imports_no_numpy():
 
 
 def test_the_run_directory_listing_names_the_loggers_files():
-    """train.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
-    from ssdmpi import loggers, train
+    """trainer.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
+    from ssdmpi import loggers, trainer
 
-    for text in (train.__doc__, train.EPILOG):
+    for text in (trainer.__doc__, trainer.EPILOG):
         assert all(name in text for name in loggers.CSV_FILES.values()), text
         assert f"{loggers.TENSORBOARD_DIR}/" in text, text
 

@@ -1,4 +1,5 @@
-"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD.
+"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD (the
+command; ``ssdmpi.train(...)``, the Python API in ``ssdmpi/api.py``, runs the same ``run_job``).
 
 Reads top to bottom like nanoGPT's train.py: ``run`` resolves the configuration
 (``ssdmpi/run_setup.py``), sets up (backend, communicator, data, model, algorithm, resume)
@@ -46,7 +47,6 @@ import contextlib
 import dataclasses
 import signal
 import sys
-import types
 
 from ssdmpi.config import add_arguments as _add_config_arguments
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, UserError  # noqa: F401 (re-exported)
@@ -319,16 +319,3 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)
     print(text, flush=True)
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable: ``ssdmpi.train(config, model=None, dataset=None)`` is the Python API
-    (``ssdmpi/api.py``), while ``ssdmpi.train.run`` & co. stay what the CLI runs."""
-
-    def __call__(self, config=None, model=None, dataset=None):
-        from ssdmpi.api import train as api_train
-
-        return api_train(config, model=model, dataset=dataset)
-
-
-sys.modules[__name__].__class__ = _CallableModule
