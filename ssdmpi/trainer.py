@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import sys
 
@@ -162,7 +163,7 @@ def run_job(args, model=None, dataset=None, command: bool = False):
             if rank == 0:
                 run_setup.remove_created(created)
             raise
-        if ckpt_path is not None and job.state.step >= job.total_steps:
+        if ckpt_meta is not None and ckpt_meta.get("reason") == "final" and job.state.step >= job.total_steps:
             return complete(job, comm), job
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
         # 3. The loop, then 4. the end.
@@ -285,17 +286,20 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
 
 
 def complete(job: Job, comm) -> int:
-    """Collective: resumed from a checkpoint at or past the last step of this run, there is
-    nothing to train: say so in one line and how to train longer; write nothing. ``W`` is made
-    what the run ended with (``algo.finalize()``, as ``finish`` did), for the Python API."""
-    cfg, step = job.cfg, job.state.step
+    """Collective: resumed from a finished run's final checkpoint at or past the last step asked
+    for, there is nothing to train: say so in one line and how to train longer; write nothing.
+    ``W`` is made what the run ended with (``algo.finalize()``, as ``finish`` did), for the
+    Python API."""
+    cfg, step, total = job.cfg, job.state.step, job.total_steps
     job.algo.drain()
     job.algo.finalize()
-    longer = {"steps": step + job.E} if cfg.steps is not None else {"epochs": int(cfg.epochs) + max(1, int(cfg.epochs))}
+    by_steps = cfg.steps is not None
+    longer = {"steps": step + job.E} if by_steps else {"epochs": 2 * math.ceil(step / job.E)}
     acc = job.state.last_eval.get("test_acc")
-    _say(comm.rank, f"ssdmpi train: run {cfg.run_dir} is complete (step {step} of {job.total_steps}"
+    where = f"step {step} of {total}" if step == total else f"step {step}, past the {total} steps asked for"
+    _say(comm.rank, f"ssdmpi train: run {cfg.run_dir} is complete ({where}"
                     + (f", test accuracy {acc:.2%}" if acc is not None else "") + "); nothing to do. To train "
-                    f"longer, give a larger --{'steps' if cfg.steps is not None else 'epochs'}: "
+                    f"longer, give a larger --{'steps' if by_steps else 'epochs'}: "
                     + resume_command(cfg.run_dir, comm.size, longer, command=job.command))
     return 0
 

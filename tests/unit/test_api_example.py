@@ -86,11 +86,12 @@ def test_check_mine_reloads_the_run_with_load_model(trained):
 def test_load_model_in_this_process(trained, monkeypatch):
     where, summary = trained
     run = where / "runs" / "mine"
+    monkeypatch.setitem(sys.modules, "mymodels", None)     # as from a directory without mymodels.py
     with pytest.raises(UserError, match=r"its model mymodels:net cannot be rebuilt here \(cannot import 'mymodels'.*"
                                         r"pass model= \(the factory it was trained with"):
-        ssdmpi.load_model(run)                       # from here, mymodels is not importable
+        ssdmpi.load_model(run)
     monkeypatch.syspath_prepend(str(where))
-    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
+    monkeypatch.delitem(sys.modules, "mymodels")
     digits = load_dataset("digits")                  # the same normalised test split as the run's arrays
     checkpoint = sorted((run / "checkpoints").glob("ckpt-*.h5"))[-1]
     for path in (run, str(checkpoint)):              # a run directory or a checkpoint file

@@ -103,3 +103,17 @@ def test_resume_auto_on_a_complete_run_says_so_adds_nothing_and_tells_how_to_tra
     assert trained.returncode == 0, trained.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["epoch"] == 2.0 and summary["config"]["epochs"] == 2
+
+
+@pytest.mark.timeout(400)
+def test_a_run_stopped_at_its_last_step_is_finished_by_resume_auto(tmp_path):
+    """Checkpointed by a signal (here --stop-at-step) at the very last step, the run has not
+    finished: no final evaluation, no summary. ``--resume auto`` does those; it is not "complete"."""
+    run = tmp_path / "run"
+    stopped = run_cli(["train", "--run-dir", "run", "--steps", "12", "--stop-at-step", "12"] + SMALL, ranks=2,
+                      cwd=tmp_path, timeout=240)
+    assert stopped.returncode == 85 and not (run / "summary.json").exists(), stopped.stderr
+    resumed = run_cli(["train", "--run-dir", "run", "--resume", "auto"], ranks=2, cwd=tmp_path, timeout=240)
+    assert resumed.returncode == 0 and "is complete" not in resumed.stdout, resumed.stdout + resumed.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["step"] == 12 and summary["test_acc"] is not None
