@@ -313,7 +313,7 @@ def _algorithm_defaults() -> dict:
         "glu_divisor": f"{DEFAULT_GLU_DIVISOR:g}",
         "warmup_steps": "0",
         "widths": "the model's own",
-        "run_dir": "runs/<timestamp>-<algo>",
+        "run_dir": "runs/<timestamp>-<algo>, -2, -3, ... if taken",
         "data_path": "the dataset's usual places",
         "steps": "--epochs decides",
         "bucket_size": "one fused buffer",

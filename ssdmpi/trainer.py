@@ -8,7 +8,8 @@ with every resource in one ``ExitStack``, runs the loop (``ssdmpi/loop.py``) and
 alone talks to the user and writes files (``ssdmpi/report.py``). The state a checkpoint holds is
 ``ssdmpi/training_state.py``'s; evaluation is ``ssdmpi/evaluate.py``'s.
 
-Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``)::
+Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``, then ``-2``, ``-3``, ... for runs
+started in the same second)::
 
     config.yaml      the resolved configuration (--config reads it back for a new run; its run_dir is a comment)
     metrics.jsonl    one JSON object per logged step and per evaluation (ssdmpi/metrics.py)
@@ -35,7 +36,8 @@ When things happen (``t`` = iterations done, ``E`` = steps per epoch):
 
 Exit codes: 0 done; 2 bad input (one line); 3 diverged (a non-finite loss or weights: the
 run stops at once, keeping the last good checkpoint); 85 checkpointed on SIGUSR1/SIGTERM
-or ``--stop-at-step``, "requeue me" (resume with ``--resume auto``); 130 checkpointed
+or ``--stop-at-step``, "requeue me" (the line printed is the command that resumes it, with
+``--resume auto``; on a finished run that only says it is complete); 130 checkpointed
 after Ctrl-C (SIGINT; a second Ctrl-C aborts at once); 1 anything else (the whole job is
 aborted, naming the failing rank). Signal handlers only set a flag; the ranks act on it
 together at the next synchronisation point.
