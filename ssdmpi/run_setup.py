@@ -5,8 +5,9 @@ algorithm's settings, and the run directory.
 checkpoint) and returns ``(cfg, soft, ckpt_path, ckpt_meta, created)``; the trainer broadcasts
 it. ``resolve_run`` is the same without touching the run directory (``--print-config``).
 The TrainConfig becomes the algorithm's settings in the config layer
-(``config.algo_config``, ``config.resolved_settings``). ``prepare_run_dir``, ``remove_created``
-and ``trim_metrics`` look after the run directory (rank 0).
+(``config.algo_config``, ``config.resolved_settings``). ``claim_run_dir`` (a new default
+directory, unique even for runs started in the same second), ``prepare_run_dir``,
+``remove_created`` and ``trim_metrics`` look after the run directory (rank 0).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ def resolve_run(args, world_size: int | None):
 
     Resolves ``--resume`` (``auto``: the newest checkpoint that verifies in the run
     directory), checks the checkpoint fits the job (``world_size`` None: not checked),
-    resolves the configuration over the checkpoint's and picks the run directory (creates
-    nothing). ``soft``: the settings that came from a preset, not from the user (they may
-    be dropped where they do not apply).
+    resolves the configuration over the checkpoint's and finds the run directory: given, or the
+    resumed checkpoint's; None for a new default one (``configure`` claims it). Creates nothing.
+    ``soft``: the settings that came from a preset, not from the user (they may be dropped
+    where they do not apply).
     """
     from ssdmpi import checkpoint
     from ssdmpi import config as configuration
@@ -46,8 +48,6 @@ def resolve_run(args, world_size: int | None):
     if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
         if ckpt_path is not None and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
             cfg.run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
-        elif cfg.run_dir is None and world_size is not None:
-            cfg.run_dir = configuration.default_run_dir(cfg)
     soft = configuration.soft_settings(args, ckpt_meta is not None)
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
@@ -65,8 +65,13 @@ def configure(args, world_size: int):
     from ssdmpi.loggers import check_available
 
     check_available(cfg)      # --tensorboard without tensorboardX: say so before anything is written
+    claimed = []
+    if cfg.run_dir is None:
+        from ssdmpi.config import default_run_dir
+
+        cfg.run_dir, claimed = claim_run_dir(default_run_dir(cfg))
     try:
-        created = prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
+        created = prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto") + claimed
     except UserError as exc:
         from ssdmpi.config import load_file
 
@@ -75,6 +80,33 @@ def configure(args, world_size: int):
             raise UserError(f"{exc} (run_dir comes from {args.config}: drop it there or pass --run-dir)") from None
         raise
     return cfg, soft, ckpt_path, ckpt_meta, created
+
+
+def claim_run_dir(base: str) -> tuple[str, list]:
+    """A new, empty run directory: ``base``, or ``base-2``, ``base-3``, ... when that is taken.
+
+    Each name is tried with ``os.mkdir``, which fails when the name exists, so runs started in
+    the same second (a shell loop over seeds with ``&``) each get their own directory, whatever
+    the order. Returns ``(path, the directories made)``, deepest first, for ``remove_created``.
+    """
+    made, parent = [], os.path.abspath(os.path.dirname(base) or ".")
+    while not os.path.exists(parent):           # the parents this call makes, deepest first
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+        for n in range(1, 10_000):
+            path = base if n == 1 else f"{base}-{n}"
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            return path, [os.path.abspath(path)] + made
+        raise FileExistsError(f"{base}-2 to {base}-9999 exist")
+    except OSError as exc:
+        remove_created(made)
+        raise UserError(f"cannot create a run directory under {os.path.dirname(base) or '.'}: "
+                        f"{exc.strerror or exc}; choose a writable one with --run-dir") from None
 
 
 def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> list:

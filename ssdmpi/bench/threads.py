@@ -132,7 +132,8 @@ def rows(results: dict) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.bench.threads", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.bench.threads",
+                                     description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -220,7 +220,7 @@ def training(log: PartLog, cupy, work: str, steps: int = 300) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.gpucheck.parts")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.gpucheck.parts")
     parser.add_argument("part", choices=("models", "optimizers", "engine", "training"))
     parser.add_argument("file", help="where this part's checks are written (JSON)")
     parser.add_argument("--work", default=None, help="scratch folder (training runs)")

@@ -208,7 +208,7 @@ def _median_time(fn, comm, rounds: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.gpucheck.ranks")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.gpucheck.ranks")
     parser.add_argument("part", choices=("algorithms", "overlap"))
     parser.add_argument("file")
     parser.add_argument("--transport", default="host", choices=("host", "cuda-aware"))

@@ -111,7 +111,8 @@ def run_part(part: str, budget: float, cmd: list[str], part_file: str, log_path:
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="ssdmpi-gpucheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="ssdmpi-gpucheck",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.json, report.md and logs")
     parser.add_argument("--parts", default=",".join(p for p, _, _ in PARTS),
                         help=f"comma-separated subset of: {', '.join(p for p, _, _ in PARTS)}")

@@ -158,7 +158,8 @@ def sweep(repeats: int, sizes_kib=(16, 32, 64, 128, 256, 512, 1024)) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ssdmpi.optim.fused_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.optim.fused_bench",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--sweep", action="store_true", help="time the fused updates at several block sizes")
     args = p.parse_args(argv)

@@ -18,8 +18,7 @@ from mpi4py import MPI
 from ssdmpi import checkpoint
 from ssdmpi.cli import main
 from ssdmpi.data.loader import ShardedLoader
-from ssdmpi.errors import REQUEUE_EXIT
-from ssdmpi.train import DIVERGED_EXIT, INTERRUPT_EXIT
+from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT
 from tests.mpi.test_resume import differences, newest_checkpoint, shared_tmpdir
 
 SIZE, RANK = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()

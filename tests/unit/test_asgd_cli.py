@@ -59,7 +59,7 @@ def test_free_running_three_ranks_trains(tmp_path):
     proc = run_cli(["train", "--run-dir", run, "--epochs", "4", "--warmup-steps", "20"] + ARGS + ["--lr", "0.02"],
                    ranks=3, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    assert "1 server(s), 2 worker(s), order arrival" in proc.stdout
+    assert "1 server, 2 workers, order arrival" in proc.stdout
     with open(os.path.join(run, "summary.json")) as f:
         summary = json.load(f)
     # 4 short epochs (batch 8, 16 hidden units) in arrival order, which is not deterministic: the bar
