@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssdmpi.comm.agreement import first_error, signature_mismatch
-from ssdmpi.comm.communicator import format_bytes
+from ssdmpi.comm.operations import format_bytes
 from ssdmpi.comm.stats import KEYS, CommStats
 from ssdmpi.comm.transport import Transport, resolve_transport
 from ssdmpi.errors import UserError
