@@ -51,19 +51,24 @@ def load_mpi():
     """mpi4py's ``MPI`` module. The first call in a process applies ``DEFAULTS`` and then imports
     it, which initialises MPI; if something else already imported it, MPI has started and the
     environment is left alone (the settings could only reach child processes)."""
-    if "mpi4py.MPI" not in sys.modules:
+    if loaded_mpi() is None:
         apply()
     from mpi4py import MPI
 
     return MPI
 
 
+def loaded_mpi():
+    """mpi4py's ``MPI`` module if this process has imported it (MPI started), else None; imports nothing."""
+    return sys.modules.get("mpi4py.MPI")
+
+
 def library_version() -> str:
     """The MPI library's version text. Asked of the running MPI when this process has started it;
     otherwise in a child process, so that this one stays out of MPI (an MPI singleton parent can
     upset an ``mpiexec`` it starts later). ``MPI unavailable (why)`` when it cannot be asked."""
-    if "mpi4py.MPI" in sys.modules:
-        return sys.modules["mpi4py.MPI"].Get_library_version()
+    if loaded_mpi() is not None:
+        return loaded_mpi().Get_library_version()
     try:
         proc = subprocess.run([sys.executable, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
