@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 
+from ssdmpi import backend
 from ssdmpi.comm import progress as progress_strategies
 from ssdmpi.comm.control import ControlChannel
 from ssdmpi.comm.mpi_env import load_mpi
@@ -61,8 +62,6 @@ class Communicator:
 
     def __init__(self, comm=None, progress: str = "auto", transport: str = "auto", bucket_bytes=None,
                  stall_timeout: float | None = 300.0, streams=None):
-        from ssdmpi import backend
-
         MPI = self._MPI = load_mpi()
         strategy = progress_strategies.resolve(progress, backend.device())
         if bucket_bytes is not None and int(bucket_bytes) <= 0:
