@@ -3,21 +3,7 @@
 MPI libraries rarely progress a nonblocking collective on their own: the data moves only
 while some thread is inside an MPI call. So ``--progress`` picks who makes those calls. Each
 strategy is one ``GradientChannel`` subclass (``ssdmpi/comm/gradients.py``) in its own file;
-``create(strategy, ...)`` makes one:
-
-========  ===========  ===========================================  ===================  ==========
-strategy  file         who moves the data (overlap)                 needs                default on
-========  ===========  ===========================================  ===================  ==========
-blocking  blocking.py  the caller, inside ``allreduce_start``       -                    -
-                       (none: ``wait()`` is free)
-test      caller.py    the caller's ``progress``/``test``/``wait``  -                    CPU
-                       (as much as the caller calls them)
-poll      poller.py    test's calls, and a thread every 2 ms        MPI_THREAD_MULTIPLE  -
-                       (also through long compute)
-thread    thread.py    a communication thread, blocking MPI calls   MPI_THREAD_MULTIPLE  GPU
-                       (all of it, without calls by the caller)
-========  ===========  ===========================================  ===================  ==========
-
+``create(strategy, ...)`` makes one (its docstring has the table of what each does and needs).
 Every strategy also runs the blocking calls (``allreduce``, ``broadcast``) in the caller's thread.
 
 Default per backend (``default_progress``), chosen from ``ssdmpi bench comm``'s overlap
@@ -70,5 +56,19 @@ def resolve(progress: str, device: str) -> str:
 
 def create(strategy: str, comm, transport, ops, stats, bucket_bytes: int | None = None) -> GradientChannel:
     """The gradient channel of ``strategy`` (a name ``resolve`` returned) on ``comm``; collective.
-    The arguments are ``GradientChannel``'s."""
+    The other arguments are ``GradientChannel``'s.
+
+    ========  ===========  ===========================================  ===================  ==========
+    strategy  file         who moves the data (overlap)                 needs                default on
+    ========  ===========  ===========================================  ===================  ==========
+    blocking  blocking.py  the caller, inside ``allreduce_start``       -                    -
+                           (none: ``wait()`` is free)
+    test      caller.py    the caller's ``progress``/``test``/``wait``  -                    CPU
+                           (as much as the caller calls them)
+    poll      poller.py    test's calls, and a thread every 2 ms        MPI_THREAD_MULTIPLE  -
+                           (also through long compute)
+    thread    thread.py    a communication thread, blocking MPI calls   MPI_THREAD_MULTIPLE  GPU
+                           (all of it, without calls by the caller)
+    ========  ===========  ===========================================  ===================  ==========
+    """
     return CHANNELS[strategy](comm, transport, ops, stats, bucket_bytes)
