@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 
-from ssdmpi.comm.mpi_env import load_mpi
+from ssdmpi.comm.mpi_env import load_mpi, running_library
 from ssdmpi.comm.transport import TRANSPORTS, cuda_aware_verdict
 
 # Report name -> (distribution names to try, in order; a module to ask for __version__ when
@@ -77,7 +77,7 @@ def rank_report(placement) -> dict:
               MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
     gpu_name = backend.reason().split("GPU found: ", 1)[1].split(" (CuPy")[0] if placement.device == "gpu" else None
     return dict(rank=MPI.COMM_WORLD.Get_rank(), **placement.as_dict(), gpu_name=gpu_name,
-                mpi_library=" ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+                mpi_library=running_library(),
                 thread_level=levels.get(level, str(level)))
 
 

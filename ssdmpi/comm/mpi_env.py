@@ -63,6 +63,13 @@ def loaded_mpi():
     return sys.modules.get("mpi4py.MPI")
 
 
+def running_library() -> str | None:
+    """The running MPI library's version line (its first, spaces collapsed: ``MPICH Version: 5.0.2``)
+    when this process has started MPI, else None (starts nothing)."""
+    MPI = loaded_mpi()
+    return None if MPI is None else " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+
+
 def library_version() -> str:
     """The MPI library's version text. Asked of the running MPI when this process has started it;
     otherwise in a child process, so that this one stays out of MPI (an MPI singleton parent can
