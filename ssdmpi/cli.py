@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -76,10 +75,6 @@ class Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def _not_implemented(args) -> int:
-    raise UserError(f"'ssdmpi {args.command}' is not implemented yet")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand's arguments."""
     parser = Parser(prog="ssdmpi", description="Data-parallel neural-network training with SSD-SGD over MPI.")
@@ -88,10 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name) if importlib.util.find_spec(module_name) else None
-        if module is None or not hasattr(module, "add_arguments"):
-            p.set_defaults(run=_not_implemented)
-            continue
+        module = importlib.import_module(module_name)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser

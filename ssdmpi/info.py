@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 
+from ssdmpi.comm.mpi_env import load_mpi, running_library
 from ssdmpi.comm.transport import TRANSPORTS, cuda_aware_verdict
 
 # Report name -> (distribution names to try, in order; a module to ask for __version__ when
@@ -72,16 +73,16 @@ def version(names, module: str | None = None) -> str | None:
 
 def rank_report(placement) -> dict:
     """What this rank says about itself (rank 0 gathers every rank's)."""
-    from mpi4py import MPI
-
     from ssdmpi import backend
+
+    MPI = load_mpi()
 
     level = MPI.Query_thread()
     levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
               MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
     gpu_name = backend.reason().split("GPU found: ", 1)[1].split(" (CuPy")[0] if placement.device == "gpu" else None
     return dict(rank=MPI.COMM_WORLD.Get_rank(), **placement.as_dict(), gpu_name=gpu_name,
-                mpi_library=" ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+                mpi_library=running_library(),
                 thread_level=levels.get(level, str(level)))
 
 
@@ -89,10 +90,10 @@ def collect(device: str = "auto", transport: str = "auto", threads: int | None =
             gpu_id: int | None = None) -> dict:
     """Everything ``ssdmpi info`` reports, as a JSON-ready dict (``ranks`` on rank 0 only).
     Collective over COMM_WORLD; initialises MPI."""
-    from mpi4py import MPI
-
     from ssdmpi import __version__, backend
     from ssdmpi.comm import node, world
+
+    MPI = load_mpi()
 
     env = {k: os.environ[k] for k in node.THREAD_VARIABLES + ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")
            if k in os.environ}   # as launched, before place() sets the thread variables
@@ -130,9 +131,9 @@ def rank_line(r: dict) -> str:
 
 
 def run(args) -> int:
-    from mpi4py import MPI
-
     from ssdmpi.validate import nonnegative_int, positive_int
+
+    MPI = load_mpi()
 
     if args.threads is not None:
         positive_int("threads", args.threads)

@@ -91,10 +91,6 @@ class Progress:
             self._bar = tqdm(total=total, initial=initial, file=sys.stderr, unit="step",
                              dynamic_ncols=True, leave=True)
 
-    @property
-    def is_bar(self) -> bool:
-        return self._bar is not None
-
     def update(self, step: int, fields: dict) -> None:
         if not self.enabled:
             return

