@@ -10,7 +10,8 @@ Settings (``apply`` only fills in what is unset: a value the user set wins):
   agreement on a signal) queues on the same connection behind a gradient allreduce in flight and
   waits for most of it: 570-590 ms of a 1.35 s allreduce of 80 MB at 1 Gbit/s, against 8-14 ms
   with two, and at every sync point that falls inside a period of ``ssd --comm period``
-  (BENCHMARKS.md section 13). Other MPI libraries ignore the variable.
+  (BENCHMARKS.md, "A sync point's control message behind the allreduce in flight"). Other MPI
+  libraries ignore the variable.
 - ``OMPI_MCA_btl_tcp_flags`` without ``put``, ``OMPI_MCA_btl_tcp_max_send_size=524288`` (Open
   MPI's TCP transport): the same stall there has another cause. With ``put`` (its default) the
   TCP transport emulates a remote write of a whole large message and queues all of it on the
@@ -18,8 +19,8 @@ Settings (``apply`` only fills in what is unset: a value the user set wins):
   1.3 s allreduce of 80 MB at 1 Gbit/s. Without it, large messages go in a pipeline of a few
   512 KiB fragments, and the control message waits for those only: 27-40 ms, with the
   allreduce itself as fast (1.30-1.31 s at 1 Gbit/s, 0.18 s at 10 Gbit/s, and 89 instead of
-  100-112 ms over an unthrottled loopback; BENCHMARKS.md section 15). The flags string is Open
-  MPI 5's default less ``put``. Shared memory, UCX and MPICH do not read these variables.
+  100-112 ms over an unthrottled loopback; BENCHMARKS.md, "A sync point's control message behind
+  the allreduce in flight"). The flags string is Open MPI 5's default less ``put``. Shared memory, UCX and MPICH do not read these variables.
 
 ``import ssdmpi`` edits no environment: the settings are made by ``load_mpi`` just before MPI
 starts. A script that imports ``mpi4py.MPI`` itself before ssdmpi does starts MPI without them

@@ -7,8 +7,8 @@ strategy is one ``GradientChannel`` subclass (``ssdmpi/comm/gradients.py``) in i
 Every strategy also runs the blocking calls (``allreduce``, ``broadcast``) in the caller's thread.
 
 Default per backend (``default_progress``), chosen from ``ssdmpi bench comm``'s overlap
-measurements at 2 ranks on the 2-core development machine (BENCHMARKS.md section 6, with
-the commands):
+measurements at 2 ranks on a 2-core machine (BENCHMARKS.md, "Communicator vs raw mpi4py, and
+overlap per progress strategy", with the commands):
 
 - GPU (CuPy) runs default to ``thread``: the CPU is idle while kernels run, and a thread
   blocked in MPI moves the data the whole time, whether or not the caller calls ``progress()``.
