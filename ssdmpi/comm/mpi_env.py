@@ -20,7 +20,8 @@ Settings (``apply`` only fills in what is unset: a value the user set wins):
   512 KiB fragments, and the control message waits for those only: 27-40 ms, with the
   allreduce itself as fast (1.30-1.31 s at 1 Gbit/s, 0.18 s at 10 Gbit/s, and 89 instead of
   100-112 ms over an unthrottled loopback; BENCHMARKS.md, "A sync point's control message behind
-  the allreduce in flight"). The flags string is Open MPI 5's default less ``put``. Shared memory, UCX and MPICH do not read these variables.
+  the allreduce in flight"). The flags string is Open MPI 5's default less ``put``. Shared
+  memory, UCX and MPICH do not read these variables.
 
 ``import ssdmpi`` edits no environment: the settings are made by ``load_mpi`` just before MPI
 starts. A script that imports ``mpi4py.MPI`` itself before ssdmpi does starts MPI without them
