@@ -99,7 +99,8 @@ class Evaluator:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="checkpoint file (or a run directory: its newest valid checkpoint)")
+                        help="checkpoint (RUN/checkpoints/ckpt-<step>, or its best or last link) or a run "
+                             "directory (its newest checkpoint)")
     parser.add_argument("--dataset", help="dataset to evaluate on (default: the checkpoint's)")
     parser.add_argument("--data-path", metavar="PATH", help="where that dataset's files are")
     parser.add_argument("--local", action="store_true", help="evaluate rank 0's local model L instead of W")
@@ -134,20 +135,13 @@ def run(args) -> int:
 
 
 def _read_checkpoint(args):
-    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate."""
+    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
+    ``shared["buffers"]`` rank 0's buffers: only those are read (and their checksums verified)."""
     from ssdmpi import checkpoint
-    from ssdmpi.errors import UserError
 
-    path = checkpoint.resolve_path(args.checkpoint)
-    meta = checkpoint.read_meta(path)
-    shared = checkpoint.read_shared(path, "model")
-    if args.local:
-        algo = checkpoint.read_rank_state(path, 0).get("algo", {})
-        if algo.get("L") is None:
-            raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
-                            "drop --local")
-        shared["global_weights"] = algo["L"]
-    return path, meta, shared
+    path = checkpoint.resolve_path(args.checkpoint, deep=False)
+    meta, weights, buffers = checkpoint.read_model(path, local=args.local)
+    return path, meta, {"global_weights": weights, "buffers": buffers}
 
 
 def _restore_model(args, path: str, cfg: dict, shared: dict):
