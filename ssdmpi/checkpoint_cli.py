@@ -148,8 +148,8 @@ def summary(path: str, meta: dict, problems: list, arrays: bool = False) -> str:
     size = checkpoint.size_of(path)
     text = f"  size {_mb(size)}"
     if per_rank:
-        text += (f", per rank {_mb(min(per_rank))}" + (f" to {_mb(max(per_rank))}" if max(per_rank) != min(per_rank)
-                                                       else ""))
+        low, high = _mb(min(per_rank)), _mb(max(per_rank))
+        text += f", per rank {low}" + (f" to {high}" if high != low else "")
     if write:
         text += (f"; written in {float(write['write_s']):.3f} s ({'background' if write.get('background') else 'sync'}"
                  f"), training stalled {float(write['stall_s']):.3f} s")

@@ -59,7 +59,8 @@ def fit_world(cfg, meta: dict, world_size: int, batch_given: bool) -> None:
     (so do the steps per epoch, the schedules and the data each step sees), split over the new
     ranks: ``cfg.batch_size`` and the checkpoint's config (``meta["config"]``, what the structural
     check compares with) become ``global batch / new ranks``. ``UserError`` (one line) when it does
-    not divide, for format-1 checkpoints, and for a ``--batch-size`` (``batch_given``) that differs."""
+    not divide, for format-1 checkpoints, and for a ``--batch-size`` (``batch_given``) that is neither
+    the checkpoint's (the same command line, requeued on fewer nodes) nor the new one."""
     from ssdmpi import config as configuration
 
     old = int(meta.get("world_size", world_size))
@@ -76,7 +77,7 @@ def fit_world(cfg, meta: dict, world_size: int, batch_given: bool) -> None:
         raise UserError(f"the checkpoint's global batch of {total} samples ({old_ranks} x {per_rank}) cannot be "
                         f"split evenly over {new_ranks} {'workers' if new_ranks < world_size else 'ranks'}; "
                         f"resume on a number that divides it ({counts}), e.g. mpiexec -n {old}")
-    if batch_given and cfg.batch_size != total // new_ranks:
+    if batch_given and cfg.batch_size not in (per_rank, total // new_ranks):
         raise UserError(f"resuming on {world_size} ranks keeps the global batch of {total} samples, so the batch "
                         f"size per rank is {total // new_ranks}; drop --batch-size {cfg.batch_size}")
     cfg.batch_size = total // new_ranks

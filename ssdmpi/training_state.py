@@ -12,7 +12,8 @@ the algorithm restores. ``replicated()`` names the arrays identical on every ran
 checkpoint stores them once, split across ranks). A rank without a loader (``loader=None``: an
 asgd server, which trains on no data) has no ``"loader"`` entry. ``resized_state`` builds this
 rank's tree from a checkpoint of another number of ranks; ``resizes`` lists every such resume
-of the run (``step``, ``from_ranks``, ``to_ranks``, ``merged``).
+of the run (``step``, ``from_ranks``, ``to_ranks``, ``batch_size``: per rank before and after,
+``merged``: what happened to the per-rank state).
 
 Clock: ``time_s()`` is the run's wall time across resumes (evaluations and checkpoints
 included), ``train_s()`` the same counting training steps only (the sync-point intervals
@@ -89,6 +90,8 @@ class TrainingState:
         trainer = dict(ranks.values("trainer"))
         record = {"step": int(trainer.get("step", algo["t"])), "from_ranks": ranks.old_size,
                   "to_ranks": ranks.new_size, "merged": merged}
+        if self.loader is not None:      # the global batch stays; its split over the ranks changes
+            record["batch_size"] = [int(ranks.values("loader")["batch_size"]), self.loader.batch_size]
         trainer["resizes"] = list(trainer.get("resizes") or []) + [record]
         tree = {"algo": algo, "model": {"buffers": buffers}, "trainer": trainer}
         if self.loader is not None:

@@ -7,8 +7,9 @@ checksummed, resumable bit for bit, or on another number of ranks.
 - ``snapshot.py``: one rank's state copied into reused (pinned) host buffers.
 - ``writer.py``: ``CheckpointWriter``: each rank writes its file on a thread while training
   goes on; the manifest, written by rank 0 once every rank's file is complete, commits it.
-- ``load.py``: ``restore`` (collective: the same or another number of ranks) and
-  ``read_model`` (the weights to evaluate, nothing else).
+- ``load.py``: ``restore`` (collective: the same number of ranks, bit for bit, or another:
+  the global state exact, the per-rank state merged by the rules of ``ssdmpi/algos/resize.py``,
+  docs/ALGORITHM.md section 6) and ``read_model`` (the weights to evaluate, nothing else).
 - ``store.py``: names, listing, resume selection, the commit rename, ``best``/``last`` links,
   retention. Serial.
 

@@ -123,7 +123,7 @@ def test_checkpoint_of_another_model_or_an_unsplittable_global_batch_is_refused(
     assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "a")], ranks=3),
                           "global batch of 16 samples (2 x 8) cannot be split evenly over 3 ranks")
     assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "d"), "--batch-size",
-                                   "8"], ranks=1), "the batch size per rank is 16; drop --batch-size 8")
+                                   "4"], ranks=1), "the batch size per rank is 16; drop --batch-size 4")
     assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "b"), "--model",
                                    "wide-mlp"], ranks=2), "trained with model='mlp'")
     assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "c"), "--widths",
