@@ -147,9 +147,19 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def new_token() -> str:
+    """A random name part, so that two jobs' (or attempts') partial directories never collide."""
+    return secrets.token_hex(4)
+
+
+def partial_name(directory: str, step: int, token: str) -> str:
+    """The hidden directory checkpoint ``step`` is written into before its commit."""
+    return os.path.join(directory, f".{checkpoint_name(step)}.partial-{token}")
+
+
 def make_partial(directory: str, step: int) -> str:
     """Create and return a fresh hidden directory for checkpoint ``step`` to be written into."""
-    path = os.path.join(directory, f".{checkpoint_name(step)}.partial-{secrets.token_hex(4)}")
+    path = partial_name(directory, step, new_token())
     os.makedirs(path)
     return path
 

@@ -3,12 +3,15 @@
 ``CheckpointWriter.save(comm, step, meta, tree, replicated)`` is collective:
 
 1. the previous checkpoint, if still being written, is waited for and committed (``complete``);
-2. rank 0 creates the hidden partial directory ``.ckpt-<step>.partial-<token>`` (``store.py``);
-3. each rank copies its part of the state into host buffers (``snapshot.py``; the stall the
+2. each rank copies its part of the state into host buffers (``snapshot.py``; the stall the
    training sees: a memory copy, or on a GPU the enqueueing of device-to-host copies);
-4. a writer thread of each rank writes ``rank-RRRR.h5`` there and fsyncs it while training
-   goes on; ``background=False`` (a preemption signal, the end of the run) waits for it and
-   commits at once.
+3. a writer thread of each rank writes ``rank-RRRR.h5`` into the hidden partial directory
+   ``.ckpt-<step>.partial-<token>`` (``store.py``; the token, agreed at the first checkpoint,
+   is this job's) and fsyncs it while training goes on; ``background=False`` (a preemption
+   signal, the end of the run) waits for it and commits at once.
+
+Nothing in ``save`` waits for another rank unless the previous checkpoint is still pending
+(and once, at the first checkpoint, for the token).
 
 The commit (``complete``; ``poll`` does it at a synchronisation point once every rank's
 thread is done) is collective: each rank reports its file's size and checksums, or its
@@ -63,6 +66,7 @@ class CheckpointWriter:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ssdmpi-checkpoint")
         self._pending: _Pending | None = None
         self._evaluated: dict = {}
+        self._token = None
 
     @property
     def pending(self) -> int | None:
@@ -82,15 +86,9 @@ class CheckpointWriter:
         fine: they are copied before this returns); ``replicated``, ``weights``: ``HostBuffers.take``."""
         t0 = time.perf_counter()
         records = self.complete(comm)
-        partial, error = None, None
-        if comm.rank == 0:
-            try:
-                partial = store.make_partial(self.directory, step)
-            except OSError as exc:
-                error = f"cannot write checkpoint in {self.directory}: {exc.strerror or error_line(exc)}"
-        partial, error = comm.broadcast_object((partial, error), root=0)
-        if error:
-            raise UserError(error, collective=True)
+        if self._token is None:
+            self._token = comm.broadcast_object(store.new_token() if comm.rank == 0 else None, root=0)
+        partial = store.partial_name(self.directory, step, self._token)
         snap = self.buffers.take(tree, replicated, comm.rank, comm.size, weights)
         future = self._thread.submit(_write, partial, comm.rank, snap)
         self._pending = _Pending(int(step), partial, future, meta if comm.rank == 0 else {}, snap.shared,
@@ -171,6 +169,7 @@ class CheckpointWriter:
 def _write(partial: str, rank: int, snap) -> dict:
     """The writer thread: wait for the device copies, write and fsync this rank's file."""
     t0 = time.perf_counter()
+    os.makedirs(partial, exist_ok=True)
     snap.ready.synchronize()
     report = sharded.write_rank_file(os.path.join(partial, sharded.rank_file(rank)), snap.state, snap.pieces)
     report["write_s"] = time.perf_counter() - t0
