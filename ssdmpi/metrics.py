@@ -204,6 +204,9 @@ def summary_text(s: dict) -> str:
     lines += _breakdown_lines(s)
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")
+    for resize in s.get("resized") or []:
+        lines.append(f"  resumed at step {resize['step']} on {resize['to_ranks']} ranks (from {resize['from_ranks']}): "
+                     f"{resize['merged']}")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")
     lines.append(f"  run directory: {s.get('run_dir')}")

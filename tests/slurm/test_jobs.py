@@ -95,10 +95,11 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 
 def final_state(run_dir: Path) -> dict:
-    """The newest checkpoint's step, global weights W and every rank's local model L."""
+    """The newest checkpoint's step, global model W (finalized, in a final checkpoint) and every rank's
+    local model L."""
     saved = fields(str(checkpoints(run_dir)[-1]))
-    state = {"step": saved["meta/step"], "world_size": saved["meta/world_size"],
-             "W": saved["shared/model/global_weights"]}
+    state = {"step": saved["meta/step"], "world_size": saved["meta/world_size"],   # W: the model evaluated
+             "W": saved.get("shared/model/global_weights", saved["shared/algo/W"])}
     for r in range(state["world_size"]):
         state[f"rank{r}"] = saved[f"rank_{r:04d}/algo/L"]
     return state

@@ -151,6 +151,8 @@ def test_resume_on_another_number_of_ranks_keeps_the_global_state_and_the_epoch(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == STEPS and summary["world_size"] == n_new
     assert [(r["from_ranks"], r["to_ranks"]) for r in summary["resized"]] == [(n_old, n_new)]
+    assert f"  resumed at step {STOP} on {n_new} ranks (from {n_old}): {resize['merged']}" in \
+        (run / "summary.txt").read_text()
 
 
 @pytest.mark.timeout(300)
