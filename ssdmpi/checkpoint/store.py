@@ -40,10 +40,6 @@ def checkpoint_name(step: int) -> str:
     return f"ckpt-{int(step):08d}"
 
 
-def is_directory_checkpoint(path: str) -> bool:
-    return os.path.isdir(path)
-
-
 # --- one checkpoint, either format ------------------------------------------------------------
 
 def read_meta(path: str) -> dict:
@@ -156,12 +152,6 @@ def partial_name(directory: str, step: int, token: str) -> str:
     """The hidden directory checkpoint ``step`` is written into before its commit."""
     return os.path.join(directory, f".{checkpoint_name(step)}.partial-{token}")
 
-
-def make_partial(directory: str, step: int) -> str:
-    """Create and return a fresh hidden directory for checkpoint ``step`` to be written into."""
-    path = partial_name(directory, step, new_token())
-    os.makedirs(path)
-    return path
 
 
 def remove_partial(path: str) -> None:

@@ -57,7 +57,8 @@ def meta(step: int, n: int, **extra) -> dict:
 
 def write(directory, step: int, n: int = 3, acc=None) -> str:
     """A complete checkpoint of ``n`` ranks, each rank's file written as that rank writes it."""
-    partial = store.make_partial(str(directory), step)
+    partial = store.partial_name(str(directory), step, store.new_token())
+    os.makedirs(partial)
     files, shared, aliases = {}, {}, {}
     for rank in range(n):
         snap = HostBuffers().take(state_of(rank), REPLICATED, rank, n)
@@ -152,7 +153,7 @@ def test_selection_skips_corrupt_checkpoints_with_a_warning_and_ignores_partial_
     good = write(tmp_path, 10)
     truncated = write(tmp_path, 20)
     flipped = write(tmp_path, 30)
-    store.make_partial(str(tmp_path), 40)             # a crash while writing step 40
+    os.makedirs(store.partial_name(str(tmp_path), 40, "dead"))     # a crash while writing step 40
     with open(os.path.join(truncated, "rank-0000.h5"), "r+b") as f:
         f.truncate(100)
     flip_byte(os.path.join(flipped, "rank-0001.h5"), data_offset(os.path.join(flipped, "rank-0001.h5"),
