@@ -40,7 +40,6 @@ and path). Checkpoints are written under ``OUT/ckpt-<layout>/`` and removed afte
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -74,8 +73,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", metavar="DIR", help="results and scratch checkpoints (default runs/bench-checkpoint-"
                                                      "<timestamp>)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per layout (default 1800)")
-    parser.add_argument("--result", help=argparse.SUPPRESS)   # the relaunched ranks' result file
-    add_json(parser, "the result (one document)")
+    add_json(parser, "the result (one document; under mpiexec: this world's measurement)")
 
 
 def parse_layouts(text: str) -> list:
@@ -268,7 +266,7 @@ def run(args) -> int:
         result_file = out / f"layout-{label}.json"
         argv = ["bench", "checkpoint", "--model", args.model, "--batch-size", str(args.batch_size), "--repeats",
                 str(args.repeats), "--plain-steps", str(args.plain_steps), "--max-steps", str(args.max_steps),
-                "--progress", args.progress, "--out", str(out.resolve()), "--result", str(result_file.resolve())]
+                "--progress", args.progress, "--out", str(out.resolve()), "--json", str(result_file.resolve())]
         rc = launch.relaunch(f"bench checkpoint {label}", ranks, "none", args.timeout, argv, nodes=nodes)
         if rc != 0:
             raise UserError(f"bench checkpoint: layout {label} failed (exit {rc}); see the output above")
@@ -286,15 +284,16 @@ def run(args) -> int:
 
 
 def _worker(args) -> int:
-    """Under MPI: measure this world; rank 0 writes ``--result`` (or prints the table)."""
+    """Under MPI (relaunched, or started under mpiexec by hand): measure this world; rank 0 writes
+    ``--json`` and prints the table (not with ``--json -``)."""
     from ssdmpi.comm.communicator import Communicator
 
     with Communicator(progress=args.progress) as comm:
         result = measure(args, comm)
         if comm.rank == 0:
-            if args.result:
-                emit_json(args.result, json.dumps(result))
-            else:
+            if args.json:
+                emit_json(args.json, json.dumps(result))
+            if args.json != "-":
                 print(report([dict(result, layout=str(comm.size), nodes=1, ranks_per_node=comm.size)]))
     return 0
 
