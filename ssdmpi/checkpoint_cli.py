@@ -5,6 +5,9 @@
                                                    --arrays: every array of every rank too
     ssdmpi ckpt verify PATH...                     check every checksum; exit 0 if all verify, 2 otherwise
     ssdmpi ckpt list RUN_DIR                       the checkpoints of a run, newest last, with their status
+    ssdmpi ckpt convert FILE...                    format-1 files (ckpt-<step>.h5) rewritten as format 2
+                                                   (ckpt-<step>/ beside them), which also resumes on
+                                                   another number of ranks
 
 PATH is a checkpoint (``RUN/checkpoints/ckpt-<step>``, its ``best`` or ``last`` link, a format-1
 ``.h5`` file) or a run directory (its newest valid checkpoint; ``verify``: all of them). Serial;
@@ -28,6 +31,8 @@ def add_arguments(parser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="checkpoints, or run directories (all their checkpoints)")
     p = sub.add_parser("list", help="list a run's checkpoints and whether each verifies")
     p.add_argument("run_dir", help="run directory (or its checkpoints/ directory)")
+    p = sub.add_parser("convert", help="rewrite format-1 checkpoint files (ckpt-<step>.h5) as format 2")
+    p.add_argument("paths", nargs="+", metavar="FILE", help="format-1 checkpoint files")
 
 
 def run(args) -> int:
@@ -55,6 +60,14 @@ def run(args) -> int:
                 print(f"{path}: ok")
         if bad:
             raise UserError(f"{bad} of {len(paths)} checkpoints failed verification")
+        return 0
+    if args.ckpt_command == "convert":
+        from ssdmpi.checkpoint.convert import convert
+
+        for path in args.paths:
+            if not os.path.isfile(path):
+                raise UserError(f"{path} is not a format-1 checkpoint file (ckpt-<step>.h5)")
+            print(f"{path} -> {convert(path)}")
         return 0
     directory = _checkpoints_dir(args.run_dir)
     found = checkpoint.list_checkpoints(directory)
@@ -128,7 +141,7 @@ def summary(path: str, meta: dict, problems: list, arrays: bool = False) -> str:
              f"ssdmpi {meta.get('ssdmpi_version', '?')}",
              f"  step {meta.get('step')}, epoch {epoch:.2f}, stage {meta.get('stage')}" if epoch is not None
              else f"  step {meta.get('step')}, stage {meta.get('stage')}",
-             f"  algorithm {algo}" + (f" ({details})" if details else "") + f", {n} ranks, batch "
+             f"  algorithm {algo}" + (f" ({details})" if details else "") + f", {n} rank{'s' * (n != 1)}, batch "
              f"{cfg.get('batch_size')} per rank" + (f" (global {meta['global_batch']})" if meta.get("global_batch")
                                                    else ""),
              f"  model {meta.get('model')} ({int(meta.get('num_params') or 0):,} parameters, {cfg.get('dtype', '?')}), "
@@ -155,8 +168,8 @@ def summary(path: str, meta: dict, problems: list, arrays: bool = False) -> str:
                  f"), training stalled {float(write['stall_s']):.3f} s")
     lines.append(text)
     for resize in _resizes(path):
-        lines.append(f"  resumed at step {resize['step']} on {resize['to_ranks']} ranks (from {resize['from_ranks']}): "
-                     f"{resize['merged']}")
+        lines.append(f"  resumed at step {resize['step']} on another number of ranks ({resize['from_ranks']} -> "
+                     f"{resize['to_ranks']}): {resize['merged']}")
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     lines.append("  checksums: ok" if not problems else f"  checksums: CORRUPT: {problems[0]}{more}")
     if arrays:

@@ -205,8 +205,8 @@ def summary_text(s: dict) -> str:
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")
     for resize in s.get("resized") or []:
-        lines.append(f"  resumed at step {resize['step']} on {resize['to_ranks']} ranks (from {resize['from_ranks']}): "
-                     f"{resize['merged']}")
+        lines.append(f"  resumed at step {resize['step']} on another number of ranks ({resize['from_ranks']} -> "
+                     f"{resize['to_ranks']}): {resize['merged']}")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")
     lines.append(f"  run directory: {s.get('run_dir')}")

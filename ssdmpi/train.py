@@ -165,7 +165,7 @@ def run_job(args, model=None, dataset=None, exiting: bool = False):
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
         if job.resize is not None:
             out.write(job.resize)
-            out.message(f"resumed on {job.resize['to_ranks']} ranks from a checkpoint of {job.resize['from_ranks']}: "
+            out.message(f"resumed on another number of ranks ({job.resize['from_ranks']} -> {job.resize['to_ranks']}): "
                         f"{job.resize['merged']}")
         # 3. The loop, then 4. the end.
         code, reason = train(job, comm, out, stop)

@@ -147,11 +147,11 @@ def test_resume_on_another_number_of_ranks_keeps_the_global_state_and_the_epoch(
     (resize,) = [r for r in records if r["kind"] == "resize"]
     assert (resize["step"], resize["from_ranks"], resize["to_ranks"]) == (STOP, n_old, n_new)
     assert resize["batch_size"] == [total // workers(algo, n_old), total // workers(algo, n_new)]
-    assert resize["merged"] and f"resumed on {n_new} ranks from a checkpoint of {n_old}" in resumed.stdout
+    assert resize["merged"] and f"resumed on another number of ranks ({n_old} -> {n_new})" in resumed.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == STEPS and summary["world_size"] == n_new
     assert [(r["from_ranks"], r["to_ranks"]) for r in summary["resized"]] == [(n_old, n_new)]
-    assert f"  resumed at step {STOP} on {n_new} ranks (from {n_old}): {resize['merged']}" in \
+    assert f"  resumed at step {STOP} on another number of ranks ({n_old} -> {n_new}): {resize['merged']}" in \
         (run / "summary.txt").read_text()
 
 

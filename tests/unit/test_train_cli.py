@@ -19,6 +19,8 @@ import h5py
 import pytest
 
 from ssdmpi import checkpoint
+from ssdmpi.checkpoint import format as format1
+from ssdmpi.checkpoint import sharded
 from tests.checkpoints import differences as field_differences
 from tests.checkpoints import fields
 from tests.conftest import mpiexec, run_cli
@@ -207,3 +209,46 @@ def test_config_yaml_of_a_run_reproduces_it_bitwise(two_rank_run, tmp_path):
     assert result.returncode == 0, result.stderr
     name = "checkpoints/ckpt-00000040"
     assert field_differences(fields(str(two_rank_run / name)), fields(str(again / name))) == []
+
+
+def as_format_1(ckpt: Path, dest: Path) -> Path:
+    """``ckpt`` (a directory) written as a format-1 file, as ssdmpi wrote them before: every rank's
+    whole tree (the shared arrays in it), the global model and rank 0's buffers at the top."""
+    meta = checkpoint.read_meta(str(ckpt))
+    shared = {name: sharded.read_shared(str(ckpt), meta, name) for name in meta["shared"]}
+    states = []
+    for rank in range(meta["world_size"]):
+        state = sharded.read_rank_state(str(ckpt), rank)
+        state["algo"].update({name.split("/", 1)[1]: a for name, a in shared.items() if name.startswith("algo/")})
+        states.append((rank, state))
+    top = {"model": {"global_weights": sharded.read_shared(str(ckpt), meta, "model/global_weights"),
+                     "buffers": states[0][1]["model"]["buffers"]}}
+    fields_ = {k: v for k, v in meta.items() if k not in ("files", "shared", "aliases", "write", "eval", "format",
+                                                       "format_version")}
+    path = dest / f"ckpt-{meta['step']:08d}.h5"
+    format1.write_checkpoint(str(path), fields_, states, top)
+    return path
+
+
+def test_format_1_checkpoints_resume_and_convert(two_rank_run, tmp_path):
+    old = as_format_1(two_rank_run / "checkpoints" / "ckpt-00000020", tmp_path)
+    assert checkpoint.verify(str(old)) == [] and checkpoint.read_meta(str(old))["format_version"] == 1
+    runs = {}
+    for name, source in (("from-directory", two_rank_run / "checkpoints" / "ckpt-00000020"), ("from-file", old)):
+        result = run_cli(["train", "--resume", str(source), "--run-dir", str(tmp_path / name), "--steps", "40"]
+                         + SMALL, ranks=2)
+        assert result.returncode == 0, result.stderr
+        runs[name] = fields(str(tmp_path / name / "checkpoints" / "ckpt-00000040"))
+    assert field_differences(runs["from-directory"], runs["from-file"]) == []      # bit for bit
+
+    assert_one_line_error(run_cli(["train", "--resume", str(old), "--run-dir", str(tmp_path / "one")], ranks=1),
+                          "written by 2 ranks in format 1, which resumes only on as many; resume with mpiexec -n 2")
+    converted = run_cli(["ckpt", "convert", str(old)])
+    assert converted.returncode == 0 and converted.stdout.strip() == f"{old} -> {tmp_path / 'ckpt-00000020'}"
+    assert checkpoint.verify(str(tmp_path / "ckpt-00000020")) == []
+    assert field_differences(fields(str(tmp_path / "ckpt-00000020")),
+                             fields(str(two_rank_run / "checkpoints" / "ckpt-00000020"))) == []
+    assert_one_line_error(run_cli(["ckpt", "convert", str(old)]), "exists already")
+    resumed = run_cli(["train", "--resume", str(tmp_path / "ckpt-00000020"), "--run-dir", str(tmp_path / "one"),
+                       "--steps", "30"] + SMALL, ranks=1)
+    assert resumed.returncode == 0 and "resumed on another number of ranks (2 -> 1)" in resumed.stdout, resumed.stderr
