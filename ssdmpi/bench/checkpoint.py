@@ -34,8 +34,11 @@ ranks per node (gather grows with N). Run on a quiet machine, as root for the cl
 
     ssdmpi bench checkpoint --out runs/bench-checkpoint
 
-Output: a table on stdout, ``OUT/results.json`` and ``OUT/results.csv`` (one row per layout
-and path). Checkpoints are written under ``OUT/ckpt-<layout>/`` and removed afterwards.
+Output: a table on stdout, ``OUT/result.json`` (the result file of ``ssdmpi/bench/result.py``:
+the command, the machine, ``rows`` as in the table, ``layouts`` with every number) and
+``OUT/results.csv`` (the rows). Checkpoints are written under ``OUT/ckpt-<layout>/`` and removed
+afterwards. Started under ``mpiexec`` by hand it measures that world alone (``--json FILE``: its
+result file).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import time
 from pathlib import Path
 
 from ssdmpi.bench import launch
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import add_json, emit_json
 from ssdmpi.errors import UserError
 
@@ -73,7 +77,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", metavar="DIR", help="results and scratch checkpoints (default runs/bench-checkpoint-"
                                                      "<timestamp>)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per layout (default 1800)")
-    add_json(parser, "the result (one document; under mpiexec: this world's measurement)")
+    add_json(parser, "the result file (ssdmpi/bench/result.py)")
 
 
 def parse_layouts(text: str) -> list:
@@ -263,24 +267,30 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for label, ranks, nodes, per_node in layouts:
-        result_file = out / f"layout-{label}.json"
+        layout_file = out / f"layout-{label}.json"
         argv = ["bench", "checkpoint", "--model", args.model, "--batch-size", str(args.batch_size), "--repeats",
                 str(args.repeats), "--plain-steps", str(args.plain_steps), "--max-steps", str(args.max_steps),
-                "--progress", args.progress, "--out", str(out.resolve()), "--json", str(result_file.resolve())]
+                "--progress", args.progress, "--out", str(out.resolve()), "--json", str(layout_file.resolve())]
         rc = launch.relaunch(f"bench checkpoint {label}", ranks, "none", args.timeout, argv, nodes=nodes)
         if rc != 0:
             raise UserError(f"bench checkpoint: layout {label} failed (exit {rc}); see the output above")
-        result = json.loads(result_file.read_text())
-        results.append(dict(result, layout=label, nodes=nodes or 1, ranks_per_node=per_node))
-    document = {"layouts": results, "goal_stall_over_copy": GOAL_STALL}
-    (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
+        (measured,) = json.loads(layout_file.read_text())["layouts"]
+        results.append(dict(measured, layout=label, nodes=nodes or 1, ranks_per_node=per_node))
+    text = result_file.dumps(document(results))
+    (out / "result.json").write_text(text)
     (out / "results.csv").write_text(csv_table(results))
     if args.json:
-        emit_json(args.json, json.dumps(document, indent=1))
+        emit_json(args.json, text)
     if args.json != "-":
         print(report(results))
-        print(f"[bench checkpoint] wrote {out / 'results.json'}, {out / 'results.csv'}")
+        print(f"[bench checkpoint] wrote {out / 'result.json'}, {out / 'results.csv'}")
     return 0
+
+
+def document(results: list) -> dict:
+    """The result file: provenance, the table's ``rows``, every number per layout, the goal."""
+    return {**result_file.provenance("checkpoint"), "rows": rows(results), "layouts": results,
+            "goal_stall_over_copy": GOAL_STALL}
 
 
 def _worker(args) -> int:
@@ -289,12 +299,13 @@ def _worker(args) -> int:
     from ssdmpi.comm.communicator import Communicator
 
     with Communicator(progress=args.progress) as comm:
-        result = measure(args, comm)
+        measured = measure(args, comm)
         if comm.rank == 0:
+            results = [dict(measured, layout=str(comm.size), nodes=1, ranks_per_node=comm.size)]
             if args.json:
-                emit_json(args.json, json.dumps(result))
+                emit_json(args.json, result_file.dumps(document(results)))
             if args.json != "-":
-                print(report([dict(result, layout=str(comm.size), nodes=1, ranks_per_node=comm.size)]))
+                print(report(results))
     return 0
 
 

@@ -32,10 +32,12 @@ def test_both_paths_at_one_and_two_ranks(tmp_path):
         assert float(row["copy_s"]) > 0 and float(row["wall_s"]) >= float(row["stall_s"]) - 1e-9
     sharded = by[("2", "sharded")]
     assert float(sharded["stall_s"]) >= float(sharded["call_s"]) > 0
-    document = json.loads((out / "results.json").read_text())
-    assert [layout["ranks"] for layout in document["layouts"]] == [1, 2]
+    document = json.loads((out / "result.json").read_text())
+    assert document["format"] == "ssdmpi-bench-result/1" and document["benchmark"] == "checkpoint"
+    assert document["command"].startswith("ssdmpi bench checkpoint --layouts 1,2")
+    assert [layout["ranks"] for layout in document["layouts"]] == [1, 2] and len(document["rows"]) == 4
     assert "| 2 | 2 | sharded |" in r.stdout and "x the copy" in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["layout-1.json", "layout-2.json", "results.csv", "results.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["layout-1.json", "layout-2.json", "result.json", "results.csv"]
 
 
 def test_layouts_are_ranks_here_or_nodes_by_ranks():
