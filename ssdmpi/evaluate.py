@@ -99,9 +99,13 @@ class Evaluator:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="checkpoint file (or a run directory: its newest valid checkpoint)")
+                        help="checkpoint (RUN/checkpoints/ckpt-<step>, or its best or last link) or a run "
+                             "directory (its newest checkpoint)")
     parser.add_argument("--dataset", help="dataset to evaluate on (default: the checkpoint's)")
     parser.add_argument("--data-path", metavar="PATH", help="where that dataset's files are")
+    parser.add_argument("--model", metavar="NAME|package.module:factory",
+                        help="the model to load the weights into (default: the checkpoint's; give it when the "
+                             "factory the run was trained with cannot be imported, e.g. it lived in its script)")
     parser.add_argument("--local", action="store_true", help="evaluate rank 0's local model L instead of W")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="array backend")
     parser.add_argument("--threads", type=int, metavar="N",
@@ -125,7 +129,7 @@ def run(args) -> int:
         nonnegative_int("gpu-id", args.gpu_id)
     path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
     placement = world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
-    model, dataset = _restore_model(args, path, meta.get("config", {}), shared)
+    model, dataset = world.agree(lambda: _restore_model(args, path, meta.get("config", {}), shared))
     with Communicator(progress="blocking", stall_timeout=None) as comm:
         loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size)
         if comm.rank == 0:
@@ -134,44 +138,24 @@ def run(args) -> int:
 
 
 def _read_checkpoint(args):
-    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate."""
+    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
+    ``shared["buffers"]`` rank 0's buffers: only those are read (and their checksums verified)."""
     from ssdmpi import checkpoint
-    from ssdmpi.errors import UserError
 
-    path = checkpoint.resolve_path(args.checkpoint)
-    meta = checkpoint.read_meta(path)
-    shared = checkpoint.read_shared(path, "model")
-    if args.local:
-        algo = checkpoint.read_rank_state(path, 0).get("algo", {})
-        if algo.get("L") is None:
-            raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
-                            "drop --local")
-        shared["global_weights"] = algo["L"]
-    return path, meta, shared
+    path = checkpoint.resolve_path(args.checkpoint, deep=False)
+    meta, weights, buffers = checkpoint.read_model(path, local=args.local)
+    return path, meta, {"global_weights": weights, "buffers": buffers}
 
 
 def _restore_model(args, path: str, cfg: dict, shared: dict):
-    """The checkpoint's model with the weights and buffers to evaluate, and the dataset."""
-    import numpy as np
+    """The checkpoint's model (or ``--model``) with the weights and buffers to evaluate, and the dataset."""
+    from ssdmpi import backend, restore
 
-    from ssdmpi import backend
-    from ssdmpi.data import load_dataset
-    from ssdmpi.errors import UserError
-    from ssdmpi.nn import build_model
-
-    dataset_name = args.dataset or cfg.get("dataset")
-    data_path = args.data_path if args.dataset or args.data_path else cfg.get("data_path")
-    dataset = load_dataset(dataset_name, data_path)
-    options = {"widths": tuple(cfg["widths"])} if cfg.get("widths") else {}
-    model = build_model(cfg["model"], dataset.input_shape, dataset.num_classes, xp=backend.get_xp(),
-                        dtype=np.dtype(cfg.get("dtype", "float32")), seed=0, **options)
-    weights = np.asarray(shared["global_weights"])
-    if weights.shape != model.params.shape:
-        raise UserError(f"{path} holds {weights.size} parameters but model {cfg['model']} on {dataset_name} has "
-                        f"{model.params.size}; evaluate it on the dataset it was trained on", collective=True)
-    model.params[...] = backend.to_device(weights)
-    if shared.get("buffers"):
-        model.load_buffers({k: backend.to_device(v) for k, v in shared["buffers"].items()})
+    dataset = restore.eval_dataset(path, cfg, args.dataset, args.data_path)
+    model = restore.build(path, cfg, dataset.input_shape, dataset.num_classes, args.model, xp=backend.get_xp(),
+                          instead="pass an importable --model package.module:factory (docs/API.md)")
+    model = restore.load_weights(model, shared, path, instead="evaluate it on the dataset it was trained on "
+                                                              "(--dataset), with its model (--model)")
     return model, dataset
 
 

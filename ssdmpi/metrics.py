@@ -22,8 +22,12 @@ run appends to the same file). Two kinds of record:
     stage test_acc_local, test_loss_local (rank 0's local model L)
 
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
-placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
-reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
+placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (when one
+is committed: its step, path, reason, ``bytes`` and ``bytes_per_rank`` written, ``copy_s``,
+``stall_s`` (the longest a rank's training waited for it), ``write_s`` (the longest writer
+thread), ``background``: ssdmpi/checkpoint/writer.py), ``resize`` (resumed on another number of
+ranks: ``from_ranks``, ``to_ranks``, ``batch_size`` per rank before and after, ``merged``:
+ssdmpi/algos/resize.py), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
 checkpoint to resume from), ``delay`` (``--delay auto`` chose ``delay`` = k at ``step`` from the
 warm-up's ``compute_s``, ``allreduce_s`` and ``update_s`` and the probed ``allreduce_cpu_s``:
 ``ssdmpi/algos/auto_delay.py``). ``ssdmpi plot`` reads these
@@ -205,6 +209,9 @@ def summary_text(s: dict) -> str:
     lines += _breakdown_lines(s)
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")
+    for resize in s.get("resized") or []:
+        lines.append(f"  resumed at step {resize['step']} on another number of ranks ({resize['from_ranks']} -> "
+                     f"{resize['to_ranks']}): {resize['merged']}")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")
     lines.append(f"  run directory: {s.get('run_dir')}")

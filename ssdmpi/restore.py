@@ -4,8 +4,8 @@ pieces ``ssdmpi eval`` rebuilds a model and its test data with.
 A checkpoint names its model as the run did (``config.model``: a built-in or registered name,
 or ``package.module:factory``), with the options the run passed (``widths``), its dtype and
 the data's per-sample shape and number of classes (``input_shape``, ``num_classes`` in its
-metadata); its ``/model`` group holds the global weights ``W`` and rank 0's BatchNorm
-statistics (``ssdmpi/checkpoint/format.py``). Serial: no MPI.
+metadata); ``checkpoint.read_model`` reads only the global weights ``W`` and rank 0's BatchNorm
+statistics. Serial: no MPI.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ def load_model(path, model=None):
     from ssdmpi import checkpoint
 
     ckpt = checkpoint.resolve_path(os.fspath(path))
-    meta = checkpoint.read_meta(ckpt)
+    meta, weights, buffers = checkpoint.read_model(ckpt)
     if model is None or not _is_model(model):
         shape, classes = data_shape(ckpt, meta)
         model = build(ckpt, meta.get("config", {}), shape, classes, model, xp=np,
                       instead="pass model= (the factory it was trained with, or a built ssdmpi.nn.Model)")
-    return load_weights(model, checkpoint.read_shared(ckpt, "model"), ckpt)
+    return load_weights(model, {"global_weights": weights, "buffers": buffers}, ckpt)
 
 
 def _is_model(obj) -> bool:

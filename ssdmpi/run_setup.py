@@ -23,8 +23,8 @@ def resolve_run(args, world_size: int | None):
     """Rank 0: ``(cfg, soft, ckpt_path, ckpt_meta)`` for ``ssdmpi train ARGS`` on ``world_size`` ranks.
 
     Resolves ``--resume`` (``auto``: the newest checkpoint that verifies in the run
-    directory), checks the checkpoint fits the job (``world_size`` None: not checked),
-    resolves the configuration over the checkpoint's and finds the run directory: given, or the
+    directory), resolves the configuration over the checkpoint's, fits it to ``world_size``
+    ranks (``fit_world``; None: not checked) and finds the run directory: given, or the
     resumed checkpoint's; None for a new default one (``configure`` claims it). Creates nothing.
     ``soft``: the settings that came from a preset, not from the user (they may be dropped
     where they do not apply).
@@ -42,9 +42,9 @@ def resolve_run(args, world_size: int | None):
         ckpt_path = checkpoint.resolve_path(resume)
     if ckpt_path is not None:
         ckpt_meta = checkpoint.read_meta(ckpt_path)
-        if world_size is not None:
-            checkpoint.check_compatible(ckpt_meta, world_size, ckpt_meta.get("model"))
     cfg = configuration.resolve(args, None if ckpt_meta is None else ckpt_meta.get("config"))
+    if ckpt_meta is not None and world_size is not None:
+        fit_world(cfg, ckpt_meta, world_size, "batch_size" in configuration.from_flags(args))
     if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
         if ckpt_path is not None and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
             cfg.run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
@@ -52,6 +52,36 @@ def resolve_run(args, world_size: int | None):
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
     return cfg, soft, ckpt_path, ckpt_meta
+
+
+def fit_world(cfg, meta: dict, world_size: int, batch_given: bool) -> None:
+    """Resuming on another number of ranks than the checkpoint's: the global batch stays the same
+    (so do the steps per epoch, the schedules and the data each step sees), split over the new
+    ranks: ``cfg.batch_size`` and the checkpoint's config (``meta["config"]``, what the structural
+    check compares with) become ``global batch / new ranks``. ``UserError`` (one line) when it does
+    not divide, for format-1 checkpoints, and for a ``--batch-size`` (``batch_given``) that is neither
+    the checkpoint's (the same command line, requeued on fewer nodes) nor the new one."""
+    from ssdmpi import config as configuration
+
+    old = int(meta.get("world_size", world_size))
+    if old == world_size:
+        return
+    if int(meta.get("format_version", 1)) < 2:
+        raise UserError(f"the checkpoint was written by {old} ranks in format 1, which resumes only on as many; "
+                        f"resume with mpiexec -n {old}")
+    old_ranks, new_ranks = configuration.data_ranks(cfg, old), configuration.data_ranks(cfg, world_size)
+    per_rank = int(meta["config"]["batch_size"])
+    total = per_rank * old_ranks
+    if total % new_ranks:
+        counts = ", ".join(str(n) for n in range(1, total + 1) if total % n == 0 and n <= 4 * old_ranks)
+        raise UserError(f"the checkpoint's global batch of {total} samples ({old_ranks} x {per_rank}) cannot be "
+                        f"split evenly over {new_ranks} {'workers' if new_ranks < world_size else 'ranks'}; "
+                        f"resume on a number that divides it ({counts}), e.g. mpiexec -n {old}")
+    if batch_given and cfg.batch_size not in (per_rank, total // new_ranks):
+        raise UserError(f"resuming on {world_size} ranks keeps the global batch of {total} samples, so the batch "
+                        f"size per rank is {total // new_ranks}; drop --batch-size {cfg.batch_size}")
+    cfg.batch_size = total // new_ranks
+    meta["config"] = dict(meta["config"], batch_size=cfg.batch_size)
 
 
 def configure(args, world_size: int):

@@ -107,7 +107,7 @@ def test_round_robin_resumes_bitwise():
     args = ARGS + ["--steps", str(S), "--asgd-order", "round-robin"]
     diff, compared = stop_and_resume_differences(args, S, 10, 1, check_mid_period=False)
     assert diff == [], f"not bitwise identical after resume: {diff}"
-    assert "model/global_weights" in compared and f"rank_{SIZE - 1:04d}/algo/W_shard" in compared
+    assert "shared/model/global_weights" in compared and f"rank_{SIZE - 1:04d}/algo/W_shard" in compared
     assert "rank_0000/algo/L" in compared
 
 
@@ -157,7 +157,7 @@ def test_signal_on_a_server_checkpoints_everywhere_and_resume_matches(monkeypatc
         monkeypatch.setattr(ASGD, "_serve_async", serve)
     assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", split] + args)) == [REQUEUE_EXIT] * SIZE
     monkeypatch.setattr(ASGD, "_serve_async", original)
-    assert newest_checkpoint(split) == "ckpt-00000024.h5"     # the next sync point after step 22
+    assert newest_checkpoint(split) == "ckpt-00000024"     # the next sync point after step 22
     assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", split, "--resume", "auto"] + args)) == [0] * SIZE
     from tests.mpi.test_resume import differences
 

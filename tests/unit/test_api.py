@@ -97,7 +97,7 @@ def test_model_from_a_module_in_the_current_directory(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["model"] == "mymodels:net" and summary["num_params"] == 64 * 24 + 24 + 24 * 10 + 10
     # ssdmpi eval rebuilds the model from the same package.module:factory
-    evaluated = run_cli(["eval", "--checkpoint", "run/checkpoints/ckpt-00000008.h5"], cwd=tmp_path)
+    evaluated = run_cli(["eval", "--checkpoint", "run/checkpoints/ckpt-00000008"], cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
 
 

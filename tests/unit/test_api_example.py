@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -125,3 +126,33 @@ def test_a_factory_of_a_scripts_main_says_to_pass_model(tmp_path):
     assert_one_line_error(run_cli(["eval", "--checkpoint", str(tmp_path / "run")], timeout=120), "arrays")
 
 
+
+
+def test_eval_of_a_run_trained_on_arrays_by_a_scripts_factory_says_what_to_pass(tmp_path, monkeypatch):
+    """A run trained on a script's arrays with a factory of the script's ``__main__``: ``ssdmpi eval``
+    says what to pass (the data as HDF5, an importable --model), then evaluates with them."""
+    script = (Path(__file__).parent / "api_scripts" / "user_script.py").read_text()
+    (tmp_path / "user_script.py").write_text(script)
+    (tmp_path / "mine.py").write_text(script.split("(xtr, ytr), (xte, yte) =")[0])
+    result = subprocess.run([mpiexec(), "-n", "2", sys.executable, "user_script.py", str(tmp_path / "run")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    base = ["eval", "--checkpoint", "run", "--json"]
+    assert_one_line_error(run_cli(base, ranks=2, cwd=tmp_path, timeout=120),
+                          "was trained on arrays given to ssdmpi.train ('arrays'), which its run does not keep: "
+                          "pass their test split as --dataset hdf5 --data-path FILE.h5")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mine", raising=False)
+    import mine
+
+    with h5py.File(tmp_path / "blobs.h5", "w") as f:
+        for split, (x, y) in (("train", mine.blobs(1200, 1)), ("test", mine.blobs(300, 2))):
+            f[f"{split}/images"], f[f"{split}/labels"] = x, y
+    data = ["--dataset", "hdf5", "--data-path", "blobs.h5"]
+    assert_one_line_error(run_cli(base + data, ranks=2, cwd=tmp_path, timeout=120),
+                          "its model __main__:net cannot be rebuilt here (it was defined in the script that trained "
+                          "it); pass an importable --model package.module:factory")
+    done = run_cli(base + data + ["--model", "mine:net"], ranks=2, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert json.loads(done.stdout)["test_acc"] == pytest.approx(summary["test_acc"], abs=1e-6)

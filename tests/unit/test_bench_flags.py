@@ -17,6 +17,7 @@ CANONICAL = {
     "train": {"--batch-size", "--delays", "--repeats"},
     "model": {"--batch-size", "--allreduce-repeats", "--repeats", "--plan-delay", "--json"},
     "accuracy": {"--batch-size", "--delays"},
+    "checkpoint": {"--batch-size", "--repeats", "--json"},
     "report": {"--results", "--out", "--check"},
 }
 # (kind, old flags, new flags): each pair must parse to the same namespace.
