@@ -511,7 +511,7 @@ _FLAGS = {
         ("run_dir", {"metavar": "DIR"}, "run directory"),
         ("checkpoint_every", {"type": int, "metavar": "STEPS"},
          "checkpoint every N steps, besides each epoch's end and the end (0: only those)"),
-        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints, plus best and last (0: all)"),
+        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints and best, last (0: all)"),
         ("eval_every", {"type": int, "metavar": "EPOCHS"}, "evaluate every N epochs (0: at the end only)"),
         ("log_every", {"type": int, "metavar": "STEPS"}, "metrics line every N steps"),
         ("stop_at_step", {"type": int, "metavar": "N"},
