@@ -29,22 +29,35 @@ def test_step_record_breakdown_sums_to_the_step_time_and_splits_the_wait():
 
 
 class SleepyComm:
-    """One rank whose blocking allreduce takes ``delay`` seconds, recorded as exposed wait, and
-    whose ``progress()`` (called by the model between layers) takes ``poke`` seconds."""
+    """One rank whose allreduce takes ``delay`` seconds, recorded as exposed wait, and whose
+    ``progress()`` (called by the model between layers) takes ``poke`` seconds. Like the real
+    Communicator's ``blocking`` strategy, ``allreduce_start`` (called by the overlapped ssgd
+    during the backward pass) runs the whole allreduce, and its ``wait()`` records it."""
 
-    size, rank, strategy = 1, 0, "test"
+    size, rank, strategy, bucket_bytes = 1, 0, "test", None
 
     def __init__(self, delay, poke):
         self.stats, self.delay, self.poke = CommStats(), delay, poke
 
     def allreduce(self, buf, average=True):
+        return self.allreduce_start(buf, average).wait()
+
+    def allreduce_start(self, buf, average=True):
         time.sleep(self.delay)
-        self.stats.record(buf.nbytes, self.delay, self.delay, 0.0)
-        return buf
+        return SleptHandle(self, buf)
 
     def progress(self):
         time.sleep(self.poke)
         self.stats.add_exposed(self.poke)
+
+
+class SleptHandle:
+    def __init__(self, comm, buf):
+        self.comm, self.buf = comm, buf
+
+    def wait(self):
+        self.comm.stats.record(self.buf.nbytes, self.comm.delay, self.comm.delay, 0.0)
+        return self.buf
 
 
 def test_the_algorithm_counts_neither_communication_nor_progress_calls_as_fb_or_update():
