@@ -20,7 +20,7 @@ class Recording:
     """Forwards to a Communicator; ``log`` gets ``(kind, iteration, request id, buffer)``."""
 
     def __init__(self, comm):
-        self.inner, self.size, self.rank = comm, comm.size, comm.rank
+        self.inner, self.size, self.rank, self.bucket_bytes = comm, comm.size, comm.rank, comm.bucket_bytes
         self.log, self.t, self._next = [], 0, 0
         self.averages = []     # the ``average`` flag of every call, in order
 
@@ -71,21 +71,70 @@ def by_kind(log, kind):
     return [entry for entry in log if entry[0] == kind]
 
 
+def delay_stage(log, kind, T_w):
+    return [entry for entry in by_kind(log, kind) if entry[1] >= T_w]
+
+
+def assert_warmup_is_ssgd(log, T_w):
+    """Each warm-up iteration posts the gradient's allreduce (in place, during the backward pass)
+    and waits for it in the same iteration."""
+    starts = [e for e in by_kind(log, "start") if e[1] < T_w]
+    waits = [e for e in by_kind(log, "wait") if e[1] < T_w]
+    assert [t for _, t, _, _ in starts] == list(range(T_w))
+    assert [(rid, t) for _, t, rid, _ in waits] == [(rid, t) for _, t, rid, _ in starts]
+
+
 def test_comm_step_posts_every_iteration_and_waits_one_iteration_later(recorded):
     T_w, steps = 3, 10
     model, algo = run(AlgoConfig(warmup_steps=T_w, delay=2, comm="step", lr=0.05), recorded, steps)
-    assert [t for _, t, _, _ in by_kind(recorded.log, "blocking")] == list(range(T_w))    # warm-up: SSGD
-    starts, waits = by_kind(recorded.log, "start"), by_kind(recorded.log, "wait")
-    assert [t for _, t, _, _ in starts] == list(range(T_w, steps))                       # one post per iteration
-    assert [(rid, t) for _, t, rid, _ in waits] == [(rid, t + 1) for _, t, rid, _ in starts[:-1]]
+    assert not by_kind(recorded.log, "blocking")
+    assert_warmup_is_ssgd(recorded.log, T_w)
+    assert all(buf is model.grads for _, t, _, buf in by_kind(recorded.log, "start") if t < T_w)   # in place
+    delay, waits = delay_stage(recorded.log, "start", T_w), delay_stage(recorded.log, "wait", T_w)
+    assert [t for _, t, _, _ in delay] == list(range(T_w, steps))                       # one post per iteration
+    assert [(rid, t) for _, t, rid, _ in waits] == [(rid, t + 1) for _, t, rid, _ in delay[:-1]]
     for i, (_, t, _rid, _buf) in enumerate(recorded.log):                                   # posted before the wait
-        if recorded.log[i][0] == "wait":
+        if recorded.log[i][0] == "wait" and t >= T_w:
             assert recorded.log[i - 1][0] == "start" and recorded.log[i - 1][1] == t
-    buffers = [buf for _, _, _, buf in starts]
+    buffers = [buf for _, _, _, buf in delay]                                           # two buffers alternate
     assert buffers[0] is not buffers[1] and all(buffers[i] is buffers[i % 2] for i in range(len(buffers)))
     assert all(b is not model.grads and b is not model.params for b in buffers)
     algo.drain()
-    assert by_kind(recorded.log, "wait")[-1][2] == starts[-1][2]                          # drain completes it
+    assert by_kind(recorded.log, "wait")[-1][2] == delay[-1][2]                            # drain completes it
+
+
+@pytest.mark.parametrize("settings", [dict(algo="ssgd"), dict(algo="ssd", comm="step", delay=2, warmup_steps=1)])
+def test_each_bucket_is_posted_as_soon_as_backward_has_finished_its_layers(settings):
+    """Buckets of one layer each (``--bucket-size`` 8 bytes): the last layer's gradient is posted
+    before the first layer's backward runs, every bucket before the wait, the waits before the update."""
+    inner = Communicator(MPI.COMM_WORLD, bucket_bytes=8)
+    try:
+        comm = Recording(inner)
+        model = build_model("mlp", (6,), 3, widths=(5,), dtype=np.float64, seed=0)
+        for layer in model.layers:
+            layer.backward = logged(layer.backward, comm.log, layer.name)
+        algo = build_algorithm(AlgoConfig(lr=0.05, **settings), model, comm)
+        rng = np.random.default_rng(0)
+        loader = ArrayBatches(rng.normal(size=(40, 6)), rng.integers(0, 3, 40), 2, comm.rank, comm.size)
+        for t in range(3):
+            comm.t = t
+            del comm.log[:]
+            algo.step(*loader.next_batch())
+            events = [(e[0], e[2]) if e[0] == "backward" else (e[0], e[3].size) for e in comm.log]
+            fc2, fc1 = 5 * 3 + 3, 6 * 5 + 5                     # the buckets' lengths, last layer first
+            assert events[:5] == [("backward", "fc2"), ("start", fc2), ("backward", "relu1"), ("backward", "fc1"),
+                                  ("start", fc1)], events
+            if algo.stage == "warmup":
+                assert events[5:] == [("wait", fc2), ("wait", fc1)], events
+    finally:
+        inner.free()
+
+
+def logged(backward, log, name):
+    def wrapper(dy):
+        log.append(("backward", None, name, None))
+        return backward(dy)
+    return wrapper
 
 
 @pytest.mark.parametrize("rule", ["delta-own", "replay"])
@@ -93,20 +142,22 @@ def test_comm_period_posts_once_per_period_and_waits_a_period_later(recorded, ru
     T_w, k, steps = 2, 3, 2 + 5 * 3
     model, algo = run(AlgoConfig(warmup_steps=T_w, delay=k, comm="period", period_rule=rule, lr=0.05),
                       recorded, steps)
-    starts, waits = by_kind(recorded.log, "start"), by_kind(recorded.log, "wait")
+    assert_warmup_is_ssgd(recorded.log, T_w)
+    starts, waits = delay_stage(recorded.log, "start", T_w), delay_stage(recorded.log, "wait", T_w)
     period_ends = [t for t in range(T_w, steps) if (t - T_w) % k == k - 1]
     assert [t for _, t, _, _ in starts] == period_ends
     assert [(rid, t) for _, t, rid, _ in waits] == [(rid, t + k) for _, t, rid, _ in starts[:-1]]
-    assert len(by_kind(recorded.log, "blocking")) == T_w
+    assert not by_kind(recorded.log, "blocking")
     assert all(buf is not model.grads and buf is not model.params for _, _, _, buf in starts)
 
 
 def test_localsgd_averages_blocking_every_k(recorded):
     T_w, k, steps = 2, 4, 2 + 3 * 4 + 1
     run(AlgoConfig(algo="localsgd", warmup_steps=T_w, delay=k, lr=0.05), recorded, steps)
+    assert_warmup_is_ssgd(recorded.log, T_w)
     blocking = [t for _, t, _, _ in by_kind(recorded.log, "blocking")]
-    assert blocking == list(range(T_w)) + [t for t in range(T_w, steps) if (t - T_w) % k == k - 1]
-    assert not by_kind(recorded.log, "start")
+    assert blocking == [t for t in range(T_w, steps) if (t - T_w) % k == k - 1]
+    assert not delay_stage(recorded.log, "start", T_w)
 
 
 @pytest.mark.parametrize("algo,comm", [("ssgd", None), ("ssd", "step"), ("ssd", "period"), ("localsgd", None)])
