@@ -202,12 +202,14 @@ class Algorithm:
     def _ssgd_step(self, x, y, overlap: bool = True) -> float:
         """ALGORITHM.md 1.1 / section 3: the allreduce of the mean gradients, one global update.
 
-        ``overlap``: the allreduce is posted bucket by bucket during the backward pass
-        (``backward_allreduce``, ssdmpi/algos/overlap.py) and waited for before the update; else
-        one blocking allreduce after the backward. The same bits either way (overlap.py says
+        ``overlap`` (and the gradient makes more than one bucket): the allreduce is posted bucket
+        by bucket during the backward pass (``backward_allreduce``, ssdmpi/algos/overlap.py) and
+        waited for before the update; else one blocking allreduce after the backward (one bucket
+        would be posted after the backward anyway). The same bits either way (overlap.py says
         when). The allreduce sums; the global update divides by ``N`` as it reads the sum (the
         same bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
         G = self.model.grads
+        overlap = overlap and len(self.backward_allreduce.buckets) > 1
         if overlap:
             self.backward_allreduce.start()
         loss = self._loss_and_grad(x, y, sync=True)
