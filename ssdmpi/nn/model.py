@@ -8,8 +8,8 @@ are dotted paths, e.g. ``layer2.0.conv1.weight``.
 ``loss_and_grad`` runs forward and backward and leaves the MEAN gradient over the
 batch in ``grads`` (overwritten, never accumulated). Backward produces ``grads`` from its
 end: a top-level layer's tensors are one contiguous slice (``layer_offsets``), and once
-its backward has run, ``grads[offset:]`` is final -- the ``grads_ready`` hook is told so,
-which lets a caller post each part's allreduce while backward goes on.
+its backward has written them, ``grads[offset:]`` is final -- the ``grads_ready`` hook is
+told so, which lets a caller post each part's allreduce while backward goes on.
 
 State that is not a parameter -- BatchNorm running statistics and each Dropout
 layer's RNG state -- is exported by ``buffers()`` and restored by
@@ -19,6 +19,7 @@ needs for a bit-for-bit resume.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -188,13 +189,22 @@ class Model:
 
     def backward(self, dlogits) -> None:
         """Back-propagate ``dlogits`` (consumed: may be overwritten); overwrites ``grads``, last
-        layer first, telling ``grads_ready(layer_offsets[i])`` after each top-level layer ``i``."""
+        layer first, telling ``grads_ready(layer_offsets[i])`` after each top-level layer ``i`` --
+        and, for a layer that writes its parameter gradients before its input gradient (Linear),
+        already in between (``Layer.params_done``)."""
         dy = dlogits
         hook, ready = self.between_layers, self.grads_ready
         for i in reversed(range(self._first_trainable, len(self.layers))):
-            dy = self.layers[i].backward(dy)
+            layer = self.layers[i]
             if ready is not None:
+                layer.params_done = functools.partial(ready, self.layer_offsets[i])
+                try:
+                    dy = layer.backward(dy)
+                finally:
+                    layer.params_done = None
                 ready(self.layer_offsets[i])
+            else:
+                dy = layer.backward(dy)
             if hook is not None:
                 hook()
 

@@ -30,6 +30,30 @@ def test_grads_ready_is_told_each_final_suffix_before_the_earlier_layers_run(nam
         assert np.isnan(grads[:offset]).all(), f"layers below offset {offset} ran before it was reported"
 
 
+def test_a_linear_layers_gradient_is_reported_before_its_input_gradient_is_computed():
+    """Linear writes dW and db, then computes dx: ``grads_ready`` hears of its slice in between,
+    so the allreduce of that slice overlaps the dx GEMM too."""
+    model = build_model("mlp", (12,), 4, widths=(8, 6), dtype=np.float64, seed=1)
+    events = []
+    for layer in model.layers:
+        layer.backward = returning(layer.backward, events, layer.name)
+    model.grads_ready = lambda offset: events.append(("ready", offset))
+    rng = np.random.default_rng(0)
+    model.loss_and_grad(rng.normal(size=(3, 12)), rng.integers(0, 4, 3))
+    starts = dict(zip([layer.name for layer in model.layers], model.layer_offsets))
+    for name in ("fc3", "fc2", "fc1"):
+        assert events.index(("ready", starts[name])) < events.index(("returned", name)), events
+    assert all(layer.params_done is None for layer in model.layers)
+
+
+def returning(backward, events, name):
+    def wrapper(dy):
+        out = backward(dy)
+        events.append(("returned", name))
+        return out
+    return wrapper
+
+
 def test_layer_offsets_are_where_each_top_level_layer_starts():
     model = build_model("mlp", (12,), 4, widths=(8, 6), seed=0)
     names = [layer.name for layer in model.layers]
