@@ -75,6 +75,15 @@ def parse(argv):
     return args, args.peer
 
 
+def resolve(args):
+    """``(TrainConfig, soft settings)`` as ``ssdmpi train`` resolves these flags (the preset's
+    ``widths`` dropped for a model other than mlp, ...); no checkpoint, no run directory made."""
+    from ssdmpi.run_setup import resolve_run
+
+    cfg, soft, _, _ = resolve_run(args, None)
+    return cfg, soft
+
+
 def interface_address(name: str) -> str:
     """The IPv4 address of network interface ``name`` (Linux ``SIOCGIFADDR``)."""
     if name == "lo":
@@ -159,7 +168,8 @@ class Peer:
         from ssdmpi.nn.torch_ref import build_torch_model
 
         args = self.args
-        cfg = self.cfg = configuration.resolve(args)
+        cfg, soft = resolve(args)
+        self.cfg = cfg
         if cfg.algo != ALGO_OF[self.peer]:
             raise UserError(f"--peer {self.peer} takes the settings of --algo {ALGO_OF[self.peer]}, not {cfg.algo}")
         if not cfg.run_dir:
@@ -179,8 +189,7 @@ class Peer:
                                     self.size, seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment)
         self.E = self.loader.steps_per_epoch
         self.total_steps = cfg.total_steps(self.E)
-        self.algo = configuration.algo_config(cfg, configuration.soft_settings(args), self.E, self.total_steps,
-                                              self.size)
+        self.algo = configuration.algo_config(cfg, soft, self.E, self.total_steps, self.size)
         self.schedule = self.algo.global_schedule()
         twin = build_torch_model(self.engine)
         bucket_mb = cfg.bucket_size / 2**20 if cfg.bucket_size else DDP_DEFAULT_BUCKET_MB

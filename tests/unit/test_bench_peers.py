@@ -30,6 +30,17 @@ def test_variant_specs():
     assert parse_peer_variant("localsgd:3").name == "localsgd-k3"
 
 
+@pytest.mark.parametrize("model,widths", [("wide-mlp", None), ("lenet5", None), ("mlp", [128])])
+def test_the_peer_resolves_its_flags_as_ssdmpi_train_does(model, widths):
+    """The default preset's mlp widths are not applied to another model (as ``ssdmpi train``)."""
+    from ssdmpi.bench.torch_peer import parse, resolve
+    from ssdmpi.run_setup import resolve_run
+
+    args, peer = parse(["--peer", "ddp", "--algo", "ssgd", "--model", model, "--run-dir", "x"])
+    cfg, _ = resolve(args)
+    assert peer == "ddp" and cfg.widths == widths == resolve_run(args, None)[0].widths and cfg.model == model
+
+
 @pytest.mark.parametrize("spec", ["dp", "ddp:0", "ddp:x", "postlocal", "ddp@thread", "ssgd@often", "ssd:step"])
 def test_bad_variants_are_one_line_errors(tmp_path, spec):
     result = run_cli(["bench", "peers", "--out", str(tmp_path / "o"), "--variants", spec, "--dry-run"])
