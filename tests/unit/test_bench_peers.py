@@ -121,6 +121,7 @@ def test_a_tiny_run_side_by_side(tmp_path):
     assert set(rows) == {"ddp", "postlocal-k3", "ssgd", "localsgd-k3"}
     assert all(r["status"] == "ok" and r["samples_per_s"] > 0 and r["final_acc"] > 50 for r in rows.values())
     assert rows["ddp"]["x_ddp"] == 1.0 and rows["ssgd"]["x_ddp"] > 0
+    assert rows["ddp"]["mb_per_step"] == pytest.approx(rows["ssgd"]["mb_per_step"])   # the same model
     assert abs(rows["ssgd"]["acc_vs_ddp"]) <= 0.5
     assert abs(rows["localsgd-k3"]["final_acc"] - rows["postlocal-k3"]["final_acc"]) <= 0.5
     probe = report["compute_probe"]
