@@ -12,7 +12,9 @@ resolves them with ssdmpi's own configuration code, so that, flag for flag, it t
   size and seed gives every rank the samples its ``ssdmpi train`` rank gets, step by step;
 - with the same update: ALGORITHM.md section 3 (``ssdmpi/optim/sgd.py``), ``M <- mu*M -
   eta(t)*(lam*mask*W + G); W <- W + M``, weight decay on the engine's decayed tensors only,
-  ``eta`` from the resolved learning-rate schedule at every step (``SpecSGD``);
+  ``eta`` from the resolved learning-rate schedule at every step (``SpecSGD``: in as many
+  passes over the weights as ``torch.optim.SGD`` makes, so it costs what users' DDP costs;
+  ssdmpi's own update is one fused pass, ``ssdmpi/optim/fused.py``);
 - with the same threads per rank (``ssdmpi/comm/node.py``) and the same evaluation (the
   global model on the whole test split, with ssdmpi's evaluator, after copying the weights
   back into the engine's model; on rank 0, outside the training time);
@@ -120,9 +122,10 @@ def spec_sgd_class():
     import torch
 
     class SpecSGD(torch.optim.Optimizer):
-        """Per parameter ``p`` with gradient ``g``, in ``MomentumSGD.step``'s order of operations::
+        """Per parameter ``p`` with gradient ``g`` (``MomentumSGD``'s rule, in the passes
+        ``torch.optim.SGD`` makes for momentum and weight decay)::
 
-            tmp = p*decay;  tmp = tmp + g;  tmp = tmp*lr;  M = M*mu;  M = M - tmp;  p = p + M
+            tmp = g + decay*p;  M = mu*M - lr*tmp;  p = p + M
 
         ``decay`` is the group's ``weight_decay`` (lam on the engine's decayed tensors, 0 elsewhere);
         ``lr`` is set on the groups before each step."""
@@ -139,11 +142,8 @@ def spec_sgd_class():
                     if "M" not in state:
                         state["M"], state["tmp"] = torch.zeros_like(p), torch.empty_like(p)
                     M, tmp = state["M"], state["tmp"]
-                    torch.mul(p, decay, out=tmp)
-                    tmp.add_(p.grad)
-                    tmp.mul_(lr)
-                    M.mul_(mu)
-                    M.sub_(tmp)
+                    torch.add(p.grad, p, alpha=decay, out=tmp)
+                    M.mul_(mu).add_(tmp, alpha=-lr)
                     p.add_(M)
 
     return SpecSGD
