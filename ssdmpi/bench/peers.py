@@ -30,9 +30,9 @@ and each one's ratio to DDP's; ``bench train``'s step breakdown; the backward-ov
 the ssgd variants), ``results.csv`` (one row per variant, every column), ``results.json``
 (the command line, the machine, the compute probe, the rows), ``figures/``, ``logs/``, ``runs/``.
 
-The compute probe: before the runs, this process times one forward and one backward pass of
-the model at the per-rank batch, ssdmpi's engine and the PyTorch twin interleaved
-(``--probe-repeats``, medians), with the threads each rank gets. It says how much of a gap is
+The compute probe: after the runs, this process times one forward pass, one backward pass and
+one update of the model at the per-rank batch, ssdmpi's engine and the PyTorch twin
+interleaved (``--probe-repeats``, medians), with the threads each rank gets. It says how much of a gap is
 engine speed, and splits ssgd's measured forward+backward into ``c_fwd`` and ``c_bwd`` for
 the overlap bound ``max(c_bwd, T) + c_fwd + update`` (``T``: ssgd:no-overlap's allreduce).
 
@@ -217,9 +217,10 @@ def rank_threads(args) -> int:
 
 
 def compute_probe(args, repeats: int) -> dict | None:
-    """Median seconds of one forward and one backward pass (train mode, the per-rank batch) of
-    ssdmpi's engine and of its PyTorch twin (when PyTorch imports), interleaved, single process,
-    no MPI, with ``rank_threads`` threads. None with ``repeats`` 0."""
+    """Median seconds of one forward, one backward pass (train mode, the per-rank batch) and one
+    update (momentum SGD with weight decay on the weights) of ssdmpi's engine and of its PyTorch
+    twin (when PyTorch imports; the peers' ``SpecSGD``), interleaved, single process, no MPI, with
+    ``rank_threads`` threads. None with ``repeats`` 0."""
     if repeats < 1:
         return None
     import numpy as np
@@ -230,6 +231,7 @@ def compute_probe(args, repeats: int) -> dict | None:
     from ssdmpi.nn import build_model
     from ssdmpi.nn.loss import softmax_cross_entropy
     from ssdmpi.nn.torch_ref import torch_available
+    from ssdmpi.optim.sgd import MomentumSGD
 
     data = load_dataset("hdf5", str(subset_path(args))) if args.train_subset else load_dataset(args.dataset)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
@@ -238,7 +240,8 @@ def compute_probe(args, repeats: int) -> dict | None:
     x = rng.normal(size=(args.batch_size,) + tuple(data.input_shape)).astype(np.float32)
     y = rng.integers(0, data.num_classes, args.batch_size)
     clock = time.perf_counter
-    timings = {"engine_fwd": [], "engine_bwd": [], "torch_fwd": [], "torch_bwd": []}
+    timings = {f"{who}_{what}": [] for who in ("engine", "torch") for what in ("fwd", "bwd", "update")}
+    sgd, velocity = MomentumSGD(0.9, 1e-4, model.flat.decay_mask()), np.zeros_like(model.params)
 
     def engine():
         t0 = clock()
@@ -246,7 +249,9 @@ def compute_probe(args, repeats: int) -> dict | None:
         _, dlogits = softmax_cross_entropy(logits, y)
         t1 = clock()
         model.backward(dlogits)
-        return t1 - t0, clock() - t1
+        t2 = clock()
+        sgd.step(model.params, velocity, model.grads, args.lr)
+        return t1 - t0, t2 - t1, clock() - t2
 
     steps = [("engine", engine)]
     has_torch = torch_available()[0]
@@ -254,9 +259,13 @@ def compute_probe(args, repeats: int) -> dict | None:
         import torch
         import torch.nn.functional as F
 
+        from ssdmpi.bench.torch_peer import spec_sgd
         from ssdmpi.nn.torch_ref import build_torch_model
 
         twin, tx, ty = build_torch_model(model), torch.from_numpy(x), torch.from_numpy(y)
+        opt = spec_sgd(twin, model, 0.9, 1e-4)
+        for group in opt.param_groups:
+            group["lr"] = args.lr
         old_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
 
@@ -265,17 +274,19 @@ def compute_probe(args, repeats: int) -> dict | None:
             loss = F.cross_entropy(twin(tx), ty)
             t1 = clock()
             loss.backward()
+            t2 = clock()
+            opt.step()
             twin.zero_grad(set_to_none=True)
-            return t1 - t0, clock() - t1
+            return t1 - t0, t2 - t1, clock() - t2
         steps.append(("torch", twin_step))
     try:
         with threadpool_limits(threads):
             for i in range(repeats + WARMUP_ROUNDS):     # alternating order; the first rounds untimed
                 for name, step in (steps if i % 2 else steps[::-1]):
-                    fwd, bwd = step()
+                    times = step()
                     if i >= WARMUP_ROUNDS:
-                        timings[f"{name}_fwd"].append(fwd)
-                        timings[f"{name}_bwd"].append(bwd)
+                        for what, seconds in zip(("fwd", "bwd", "update"), times):
+                            timings[f"{name}_{what}"].append(seconds)
     finally:
         if has_torch:
             torch.set_num_threads(old_threads)
@@ -285,6 +296,7 @@ def compute_probe(args, repeats: int) -> dict | None:
     if has_torch:
         out["engine_over_torch"] = (out["engine_fwd_ms"] + out["engine_bwd_ms"]) / \
             (out["torch_fwd_ms"] + out["torch_bwd_ms"])
+        out["update_engine_over_torch"] = out["engine_update_ms"] / out["torch_update_ms"]
     return out
 
 
@@ -293,10 +305,11 @@ def probe_line(probe) -> str:
         return ""
     line = (f"Compute probe (one process, {probe['threads']} thread(s), batch {probe['batch_size']}, median of "
             f"{probe['repeats']}): engine forward {probe['engine_fwd_ms']:.3g} ms + backward "
-            f"{probe['engine_bwd_ms']:.3g} ms")
+            f"{probe['engine_bwd_ms']:.3g} ms, update {probe['engine_update_ms']:.3g} ms")
     if "torch_fwd_ms" in probe:
         line += (f"; PyTorch forward {probe['torch_fwd_ms']:.3g} ms + backward {probe['torch_bwd_ms']:.3g} ms "
-                 f"(engine / PyTorch: {probe['engine_over_torch']:.2f}x)")
+                 f"(engine / PyTorch: {probe['engine_over_torch']:.2f}x), update {probe['torch_update_ms']:.3g} ms "
+                 f"(engine / PyTorch: {probe['update_engine_over_torch']:.2f}x)")
     return line + "."
 
 

@@ -149,6 +149,16 @@ def spec_sgd_class():
     return SpecSGD
 
 
+def spec_sgd(module, engine, momentum: float, weight_decay: float):
+    """A ``SpecSGD`` over ``module``'s parameters (the twin of ``engine``): weight decay on the
+    tensors the engine decays (``ParamSpec.decay``), none on the others."""
+    decayed = {spec.name for spec in engine.flat.specs if spec.decay}
+    named = list(module.named_parameters())
+    groups = [{"params": [p for n, p in named if n in decayed], "weight_decay": weight_decay},
+              {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
+    return spec_sgd_class()([g for g in groups if g["params"]], momentum)
+
+
 class Peer:
     """One rank's PyTorch run (module docstring): ``run()`` trains and writes the run directory."""
 
@@ -195,12 +205,8 @@ class Peer:
         bucket_mb = cfg.bucket_size / 2**20 if cfg.bucket_size else DDP_DEFAULT_BUCKET_MB
         self.bucket_mb = bucket_mb
         self.ddp = DistributedDataParallel(twin, bucket_cap_mb=bucket_mb)
-        decayed = {spec.name for spec in self.engine.flat.specs if spec.decay}
-        named = list(self.ddp.module.named_parameters())
-        groups = [{"params": [p for n, p in named if n in decayed], "weight_decay": self.algo.weight_decay},
-                  {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
-        self.opt = spec_sgd_class()([g for g in groups if g["params"]], self.algo.momentum)
-        self.nbytes = sum(p.numel() * p.element_size() for _, p in named)
+        self.opt = spec_sgd(self.ddp.module, self.engine, self.algo.momentum, self.algo.weight_decay)
+        self.nbytes = sum(p.numel() * p.element_size() for p in self.ddp.module.parameters())
         self.averaged_s = 0.0
         self.T_w, self.k = 0, None
         if self.peer == "postlocal":
