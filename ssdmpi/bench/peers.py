@@ -257,28 +257,10 @@ def compute_probe(args, repeats: int) -> dict | None:
     has_torch = torch_available()[0]
     if has_torch:
         import torch
-        import torch.nn.functional as F
 
-        from ssdmpi.bench.torch_peer import spec_sgd
-        from ssdmpi.nn.torch_ref import build_torch_model
-
-        twin, tx, ty = build_torch_model(model), torch.from_numpy(x), torch.from_numpy(y)
-        opt = spec_sgd(twin, model, 0.9, 1e-4)
-        for group in opt.param_groups:
-            group["lr"] = args.lr
         old_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
-
-        def twin_step():
-            t0 = clock()
-            loss = F.cross_entropy(twin(tx), ty)
-            t1 = clock()
-            loss.backward()
-            t2 = clock()
-            opt.step()
-            twin.zero_grad(set_to_none=True)
-            return t1 - t0, t2 - t1, clock() - t2
-        steps.append(("torch", twin_step))
+        steps.append(("torch", _torch_step(model, x, y, args.lr)))
     try:
         with threadpool_limits(threads):
             for i in range(repeats + WARMUP_ROUNDS):     # alternating order; the first rounds untimed
@@ -298,6 +280,32 @@ def compute_probe(args, repeats: int) -> dict | None:
             (out["torch_fwd_ms"] + out["torch_bwd_ms"])
         out["update_engine_over_torch"] = out["engine_update_ms"] / out["torch_update_ms"]
     return out
+
+
+def _torch_step(model, x, y, lr: float):
+    """The compute probe's PyTorch step on the twin of ``model``: ``() -> (fwd_s, bwd_s, update_s)``."""
+    import torch
+    import torch.nn.functional as F
+
+    from ssdmpi.bench.torch_peer import spec_sgd
+    from ssdmpi.nn.torch_ref import build_torch_model
+
+    twin, tx, ty = build_torch_model(model), torch.from_numpy(x), torch.from_numpy(y)
+    opt = spec_sgd(twin, model, 0.9, 1e-4)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    clock = time.perf_counter
+
+    def step():
+        t0 = clock()
+        loss = F.cross_entropy(twin(tx), ty)
+        t1 = clock()
+        loss.backward()
+        t2 = clock()
+        opt.step()
+        twin.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, clock() - t2
+    return step
 
 
 def probe_line(probe) -> str:

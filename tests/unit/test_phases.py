@@ -43,20 +43,25 @@ class SleepyComm:
         return self.allreduce_start(buf, average).wait()
 
     def allreduce_start(self, buf, average=True):
-        time.sleep(self.delay)
-        return SleptHandle(self, buf)
+        return SleptHandle(self, buf, slept(self.delay))
 
     def progress(self):
-        time.sleep(self.poke)
-        self.stats.add_exposed(self.poke)
+        self.stats.add_exposed(slept(self.poke))
+
+
+def slept(seconds: float) -> float:
+    """Sleep ``seconds``; the time it really took (more on a loaded machine)."""
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    return time.perf_counter() - t0
 
 
 class SleptHandle:
-    def __init__(self, comm, buf):
-        self.comm, self.buf = comm, buf
+    def __init__(self, comm, buf, seconds):
+        self.comm, self.buf, self.seconds = comm, buf, seconds
 
     def wait(self):
-        self.comm.stats.record(self.buf.nbytes, self.comm.delay, self.comm.delay, 0.0)
+        self.comm.stats.record(self.buf.nbytes, self.seconds, self.seconds, 0.0)
         return self.buf
 
 
@@ -78,7 +83,8 @@ def test_the_algorithm_counts_neither_communication_nor_progress_calls_as_fb_or_
         algo.step(x, y)
     wall = time.perf_counter() - start
     st = comm.stats.snapshot()
-    assert st["progress_s"] > 0 and st["wait_s"] == pytest.approx(3 * buckets * 0.05 + st["progress_s"])
+    assert st["progress_s"] > 0 and st["wait_s"] >= 3 * buckets * 0.05 + st["progress_s"]
+    assert st["allreduce_count"] == 3 * buckets
     ph = algo.phases
     # The model is tiny: everything but the sleeps is well under the sleeps' time.
     assert 0 < ph.fb_s < 0.05 and 0 < ph.update_s < 0.05
