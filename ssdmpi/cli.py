@@ -28,7 +28,7 @@ from ssdmpi.errors import BROKEN_PIPE_EXIT, USAGE_EXIT, UserError
 COMMANDS = {
     "train": ("ssdmpi.train", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD"),
     "eval": ("ssdmpi.evaluate", "evaluate a checkpoint on a dataset's test split"),
-    "bench": ("ssdmpi.bench", "benchmarks: engine, comm, train, model, accuracy"),
+    "bench": ("ssdmpi.bench", "benchmarks: engine, comm, train, model, accuracy; report renders BENCHMARKS.md"),
     "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),
     "info": ("ssdmpi.info", "versions, MPI library and thread level, array backend, CUDA-awareness"),
     "ckpt": ("ssdmpi.checkpoint_cli", "inspect and verify checkpoints"),

@@ -27,15 +27,16 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K,64K,4M] [--repeat
     when the MPI library queues the control message behind the gradient data
     (``ssdmpi/comm/mpi_env.py``).
 
-Measured results (shared memory and a 1 Gbit/s throttled network) and the commands that
-produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
+``--json FILE`` writes the result file of ``ssdmpi/bench/result.py``: the command line, the
+machine and the numbers (keys ``bandwidth``, ``overlap``, ``control``). Measured results and
+the commands that produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
 """
 
 from __future__ import annotations
 
-import json
 import time
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.bench.stats import median
 from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
@@ -303,7 +304,7 @@ def run(args) -> int:
         result["control"] = control(world, size, args.repeats)
     if world.Get_rank() == 0:
         if args.json:
-            emit_json(args.json, json.dumps(result, indent=1))
+            emit_json(args.json, result_file.dumps({**result_file.provenance("comm"), **result}))
         if args.json != "-":
             _print_tables(result)
     return 0

@@ -12,17 +12,20 @@ reports its allocations to) is measured in a separate, untimed step.
 
 PyTorch is the benchmark peer only, never a runtime dependency of ssdmpi.
 
-Targets (the issue's): mlp 784-512-512-10 batch 128 <= 1.15x; lenet5 batch 64 <=
+``--json FILE`` writes the result file of ``ssdmpi/bench/result.py``: the command line, the
+machine and the result dict of ``measure``.
+
+Targets: mlp 784-512-512-10 batch 128 <= 1.15x; lenet5 batch 64 <=
 1.5x; resnet20 batch 128 <= 2.0x and peak memory <= 1.5 GiB. ``--check`` makes a
 missed target exit 1.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import add_json, deprecated_alias, emit_json
 from ssdmpi.bench.stats import median
 
@@ -187,7 +190,7 @@ def _fmt_ms(s: float) -> str:
 def run(args) -> int:
     result = measure(args.model, args.batch_size, args.repeats, args.warmup, memory=not args.no_memory)
     if args.json:
-        emit_json(args.json, json.dumps(result, sort_keys=True))
+        emit_json(args.json, result_file.dumps({**result_file.provenance("engine"), **result}))
     if args.json != "-":
         opts = ", ".join(f"{k}={v}" for k, v in result["options"].items())
         print(f"engine benchmark: {result['model']}{' (' + opts + ')' if opts else ''}, input "

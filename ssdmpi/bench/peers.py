@@ -24,11 +24,12 @@ where an ``ssdmpi train`` run would be. ``--variants`` (default ``DEFAULT_VARIAN
 ==================== =======================================================================
 
 Results in ``OUT`` (``--out``, default ``runs/bench-peers-<timestamp>``), as ``bench train``
-writes them plus ``results.json``: ``results.md`` (three tables: each variant against DDP --
-samples/s, final test accuracy, time to ssgd's final accuracy minus ``--target-drop`` points
-and each one's ratio to DDP's; ``bench train``'s step breakdown; the backward-overlap bound of
-the ssgd variants), ``results.csv`` (one row per variant, every column), ``results.json``
-(the command line, the machine, the compute probe, the rows), ``figures/``, ``logs/``, ``runs/``.
+writes them: ``results.md`` (three tables: each variant against DDP -- samples/s, final test
+accuracy, time to ssgd's final accuracy minus ``--target-drop`` points and each one's ratio to
+DDP's; ``bench train``'s step breakdown; the backward-overlap bound of the ssgd variants),
+``results.csv`` (one row per variant, every column), ``result.json`` (the result file of
+``ssdmpi/bench/result.py``: the command line, the machine, the settings, the compute probe,
+the rows; what ``ssdmpi bench report`` renders from), ``figures/``, ``logs/``, ``runs/``.
 
 The compute probe: after the runs, this process times one forward pass, one backward pass and
 one update of the model at the per-rank batch, ssdmpi's engine and the PyTorch twin
@@ -42,17 +43,12 @@ in one line saying what to install (exit 2, nothing created).
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import shlex
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from ssdmpi.algos.config import DEFAULT_COMM, DEFAULT_DELAY
-from ssdmpi.bench.launch import mpiexec
+from ssdmpi.bench.result import command_line
 from ssdmpi.bench.stats import median
 from ssdmpi.bench.train import (
     BREAKDOWN_COLUMNS,
@@ -64,8 +60,9 @@ from ssdmpi.bench.train import (
     csv_table,
     markdown_table,
     parse_variant,
+    result_json,
     run_variants,
-    setup_line,
+    settings_line,
     summarise,
     write_figures,
 )
@@ -103,6 +100,7 @@ OVERLAP_COLUMNS = (
     ("overlap_bound_ms", "bound ms"),
     ("of_overlap_bound", "bound / step"),
 )
+TABLES = (PEER_COLUMNS, BREAKDOWN_COLUMNS, OVERLAP_COLUMNS)   # every row's keys in results.csv and result.json
 
 
 def parse_peer_variant(spec: str) -> Variant:
@@ -321,34 +319,6 @@ def probe_line(probe) -> str:
     return line + "."
 
 
-# ----------------------------------------------------------------------------- the machine
-
-def machine() -> dict:
-    """Where the benchmark ran: host, CPU, cores, memory, the software that matters."""
-    from ssdmpi.comm.node import usable_cpus
-    from ssdmpi.info import version
-
-    cpu = platform.processor() or platform.machine()
-    mem = None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            mem = next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal")), None)
-    except OSError:
-        pass
-    try:
-        launcher = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=30).stdout
-        launcher = next((f"hydra {line.split(':', 1)[1].strip()}" for line in launcher.splitlines()
-                         if line.strip().startswith("Version")), launcher.strip())
-    except (OSError, subprocess.SubprocessError):
-        launcher = None
-    return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "usable_cpus": len(usable_cpus()),
-            "memory_bytes": mem, "os": platform.platform(), "python": platform.python_version(),
-            "numpy": version(["numpy"]), "torch": version(["torch"]), "mpi4py": version(["mpi4py"]),
-            "mpiexec": launcher, "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
-
-
 # ----------------------------------------------------------------------------- command
 
 def add_arguments(parser) -> None:
@@ -371,7 +341,6 @@ def run(args) -> int:
     check_variants(args, variants)
     if not args.dry_run:
         check_torch(variants)
-    command = shlex.join(["ssdmpi"] + sys.argv[1:])
     launched = run_variants(args, variants, "peers")
     if launched is None:
         return 0
@@ -384,15 +353,14 @@ def run(args) -> int:
     md = markdown_table(rows, PEER_COLUMNS) + "\n" + breakdown_table(rows)
     if overlap:
         md += "\n" + markdown_table(overlap, OVERLAP_COLUMNS)
-    notes = "\n".join(n for n in (probe_line(probe), f"Command: `{command}`") if n)
-    atomic_write(out / "results.md", f"<!-- ssdmpi bench peers: {setup_line(args)} -->\n" + md + "\n" + notes + "\n")
-    atomic_write(out / "results.csv", csv_table(rows, (PEER_COLUMNS, BREAKDOWN_COLUMNS, OVERLAP_COLUMNS)))
-    report = {"command": command, "setup": setup_line(args), "machine": machine(), "compute_probe": probe,
-              "target_drop_points": args.target_drop, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "rows": [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]}
-    atomic_write(out / "results.json", json.dumps(report, indent=2, default=str) + "\n")
+    settings = settings_line(args, "peers")
+    notes = "\n".join(n for n in (probe_line(probe), f"Command: `{command_line()}`") if n)
+    atomic_write(out / "results.md", f"<!-- {settings} -->\n" + md + "\n" + notes + "\n")
+    atomic_write(out / "results.csv", csv_table(rows, TABLES))
+    atomic_write(out / "result.json", result_json(rows, settings, "peers", TABLES, compute_probe=probe,
+                                                  target_drop_points=args.target_drop))
     write_figures(args, results)
     print(md + notes)
-    print(f"[bench peers] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'results.json'}, "
+    print(f"[bench peers] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
           f"{out / 'figures'}/")
     return 1 if failures else 0

@@ -17,6 +17,8 @@ median over repeats. Then every run directory is parsed (``ssdmpi.plot.load_run`
 the results are written:
 
 - ``OUT/results.md`` and ``OUT/results.csv``: one row per variant (columns in ``COLUMNS``);
+- ``OUT/result.json``: the same rows, the settings, the command line and the machine
+  (``ssdmpi/bench/result.py``; what ``ssdmpi bench report`` renders ``BENCHMARKS.md`` from);
 - ``OUT/figures/*.png``: ``ssdmpi plot`` of all runs;
 - ``OUT/logs/NAME.log``: each run's stdout and stderr.
 
@@ -62,6 +64,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import deprecated_alias
 from ssdmpi.bench.launch import (
     NETNS,
@@ -461,6 +464,18 @@ def csv_table(rows, tables=(COLUMNS, BREAKDOWN_COLUMNS)) -> str:
     return buf.getvalue()
 
 
+def result_json(rows, settings: str, benchmark: str = "train", tables=(COLUMNS, BREAKDOWN_COLUMNS),
+                **extra) -> str:
+    """The result file of ``ssdmpi bench BENCHMARK`` (``ssdmpi/bench/result.py``): ``settings`` (the
+    table header's text), ``rows`` (one object per variant with the keys of ``tables``' columns,
+    None where unknown) and any ``extra`` keys."""
+    keys = []
+    for columns in tables:
+        keys += [k for k, _ in columns if k not in keys]
+    return result_file.dumps({**result_file.provenance(benchmark), "settings": settings, **extra,
+                              "rows": [{k: row.get(k) for k in keys} for row in rows]})
+
+
 def _write_new(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file + rename)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -572,6 +587,11 @@ def _where(args) -> str:
     return f"{args.ranks} ranks, net {args.net}"
 
 
+def settings_line(args, kind: str = "train") -> str:
+    """One line naming the job every variant of ``ssdmpi bench KIND`` ran (the tables' header)."""
+    return f"ssdmpi bench {kind}: {setup_line(args)}"
+
+
 def run(args) -> int:
     variants = _validate(args)
     launched = run_variants(args, variants, "train")
@@ -581,13 +601,14 @@ def run(args) -> int:
     out = Path(args.out)
     rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
     md, text_csv = markdown_table(rows), csv_table(rows)
-    header = f"<!-- ssdmpi bench train: {setup_line(args)} -->\n"
     md += "\n" + breakdown_table(rows, bound_note(rows))
-    _write_new(out / "results.md", header + md)
+    _write_new(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
     _write_new(out / "results.csv", text_csv)
+    _write_new(out / "result.json", result_json(rows, settings_line(args)))
     write_figures(args, results)
     print(md, end="")
-    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'figures'}/")
+    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
+          f"{out / 'figures'}/")
     return 1 if failures else 0
 
 

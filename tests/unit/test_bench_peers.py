@@ -99,9 +99,12 @@ def test_tables_compare_every_variant_with_ddp(tmp_path):
     # target: ssgd's 85.8% - 0.5 = 85.3%, reached at the last evaluation (60 steps): ssd 6 s, DDP 24 s
     assert float(rows["ssd"]["tta_s"]) == pytest.approx(6.0)
     assert float(rows["ssd"]["tta_x_ddp"]) == pytest.approx(0.25)
-    report = json.loads((tmp_path / "results.json").read_text())
-    assert report["command"].startswith("ssdmpi bench peers --out ") and report["machine"]["cpus"] >= 1
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert report["format"] == "ssdmpi-bench-result/1" and report["benchmark"] == "peers"
+    assert report["command"].startswith("ssdmpi bench peers --out ") and report["machine"]["cores"] >= 1
+    assert report["settings"].startswith("ssdmpi bench peers: wide-mlp on fashion-mnist")
     assert [r["name"] for r in report["rows"]] == list(rows) and report["compute_probe"] is None
+    assert report["rows"][3]["x_ddp"] == pytest.approx(2.5)
     md = (tmp_path / "results.md").read_text()
     assert "| ssd | 1000.0 | 2.50x |" in md and "samples/s / DDP's" in md and "Command: `ssdmpi bench peers" in md
 
@@ -116,7 +119,7 @@ def test_a_tiny_run_side_by_side(tmp_path):
                       "--batch-size", "8", "--warmup-steps", "6", "--train-args", "--log-every 6",
                       "--probe-repeats", "1"], timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((out / "results.json").read_text())
+    report = json.loads((out / "result.json").read_text())
     rows = {r["name"]: r for r in report["rows"]}
     assert set(rows) == {"ddp", "postlocal-k3", "ssgd", "localsgd-k3"}
     assert all(r["status"] == "ok" and r["samples_per_s"] > 0 and r["final_acc"] > 50 for r in rows.values())
