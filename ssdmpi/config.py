@@ -41,6 +41,7 @@ from ssdmpi.algos.config import (
     default_period_rule,
     period_rules,
 )
+from ssdmpi.algos.overlap import DEFAULT_BUCKET_BYTES
 from ssdmpi.comm.progress import DEFAULTS as PROGRESS_DEFAULTS
 from ssdmpi.comm.progress import PROGRESS
 from ssdmpi.comm.transport import TRANSPORTS
@@ -316,7 +317,8 @@ def _algorithm_defaults() -> dict:
         "run_dir": "runs/<timestamp>-<algo>, -2, -3, ... if taken",
         "data_path": "the dataset's usual places",
         "steps": "--epochs decides",
-        "bucket_size": "one fused buffer",
+        "bucket_size": f"one fused buffer; the gradient's during the backward pass in buckets of "
+                       f"{DEFAULT_BUCKET_BYTES // 2**20}M (PyTorch DDP's)",
         "warmup_epochs": "unset, --warmup-steps decides",
         "stop_at_step": "never",
         "threads": "usable CPUs on the node // ranks on it, unless OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or "
@@ -503,7 +505,8 @@ _FLAGS = {
          + ", ".join(f"{k}: {v}" for k, v in PROGRESS_DEFAULTS.items())),
         ("transport", {"choices_help": TRANSPORTS}, "how GPU buffers reach MPI"),
         ("bucket_size", {"type": _size, "metavar": "SIZE"},
-         "split each allreduce into pieces of SIZE bytes (e.g. 4M; K, M, G are powers of 1024)"),
+         "split each allreduce into pieces of SIZE bytes, and post the gradient's during the backward "
+         "pass in buckets of at least SIZE, layer by layer (e.g. 4M; K, M, G are powers of 1024)"),
         ("stall_timeout", {"type": float, "metavar": "SEC"}, "abort the job when one wait lasts longer than this"),
         ("seed", {"type": int}, "seed of initialisation, data order, augmentation"),
     ],
