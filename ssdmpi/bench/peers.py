@@ -146,7 +146,7 @@ def _torch_variant(parts: list) -> Variant:
 
 def check_torch(variants) -> None:
     """``UserError`` (one line: what to install) when PyTorch peers are asked for and PyTorch is missing."""
-    from ssdmpi.nn.torch_ref import torch_available
+    from ssdmpi.verify.torch_ref import torch_available
 
     peers = [v.name for v in variants if not v.by_ssdmpi]
     ok, why = torch_available()
@@ -228,8 +228,8 @@ def compute_probe(args, repeats: int) -> dict | None:
     from ssdmpi.data import load_dataset
     from ssdmpi.nn import build_model
     from ssdmpi.nn.loss import softmax_cross_entropy
-    from ssdmpi.nn.torch_ref import torch_available
     from ssdmpi.optim.sgd import MomentumSGD
+    from ssdmpi.verify.torch_ref import torch_available
 
     data = load_dataset("hdf5", str(subset_path(args))) if args.train_subset else load_dataset(args.dataset)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
@@ -286,7 +286,7 @@ def _torch_step(model, x, y, lr: float):
     import torch.nn.functional as F
 
     from ssdmpi.bench.torch_peer import spec_sgd
-    from ssdmpi.nn.torch_ref import build_torch_model
+    from ssdmpi.verify.torch_ref import build_torch_model
 
     twin, tx, ty = build_torch_model(model), torch.from_numpy(x), torch.from_numpy(y)
     opt = spec_sgd(twin, model, 0.9, 1e-4)

@@ -7,7 +7,7 @@ namespace, the namespaced cluster, plain mpiexec). It takes ``ssdmpi train``'s f
 resolves them with ssdmpi's own configuration code, so that, flag for flag, it trains:
 
 - the same model: the engine's model built from ``--model`` and ``--seed``, its initial
-  weights copied into the PyTorch twin (``ssdmpi/nn/torch_ref.py``);
+  weights copied into the PyTorch twin (``ssdmpi/verify/torch_ref.py``);
 - on the same data in the same order: ssdmpi's ``ShardedLoader`` with the same rank, world
   size and seed gives every rank the samples its ``ssdmpi train`` rank gets, step by step;
 - with the same update: ALGORITHM.md section 3 (``ssdmpi/optim/sgd.py``), ``M <- mu*M -
@@ -58,6 +58,7 @@ import struct
 import sys
 import time
 
+from ssdmpi.comm import world
 from ssdmpi.errors import UserError
 
 PEERS = ("ddp", "postlocal")
@@ -98,18 +99,19 @@ def interface_address(name: str) -> str:
 def rendezvous():
     """The gloo process group of the MPI ranks (rank 0 hosts the store); ``(rank, size)``."""
     import torch.distributed as dist
-    from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+    rank, size = world.rank_and_size()
     iface = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("FI_TCP_IFACE") or "lo"
     os.environ["GLOO_SOCKET_IFNAME"] = iface
-    store = None
-    if rank == 0:
+    hosted = []
+
+    def host_store():
         host = interface_address(iface)
-        store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False)
-        where = (host, store.port)
-    where = world.bcast(where if rank == 0 else None, root=0)
+        hosted.append(dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False))
+        return host, hosted[0].port
+
+    where = world.on_root(host_store)       # rank 0 hosts the store; everyone learns where
+    store = hosted[0] if rank == 0 else None
     if rank != 0:
         store = dist.TCPStore(where[0], where[1], size, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
@@ -175,7 +177,7 @@ class Peer:
         from ssdmpi.comm import node
         from ssdmpi.data import ShardedLoader, load_dataset
         from ssdmpi.nn import build_model
-        from ssdmpi.nn.torch_ref import build_torch_model
+        from ssdmpi.verify.torch_ref import build_torch_model
 
         args = self.args
         cfg, soft = resolve(args)
