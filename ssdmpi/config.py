@@ -58,6 +58,12 @@ DTYPES = ("float32", "float64")
 # run must not change them (the checkpoint would not fit, or "continue" would be a lie).
 STRUCTURAL = ("dataset", "model", "widths", "dtype", "batch_size", "algo", "delay", "comm",
               "local_update", "period_rule", "seed", "servers")
+# Settings that replace each other (the first one set wins), checked as a pair on resume:
+# the SSGD warm-up's length, and the run's length (``steps`` wins over ``epochs``).
+WARMUP = ("warmup_steps", "warmup_epochs")
+RUN_LENGTH = ("steps", "epochs")
+# Learning-rate schedules whose every value depends on the run's length.
+LENGTH_SCHEDULES = ("cosine", "poly")
 
 
 @dataclass
@@ -671,12 +677,42 @@ def soft_settings(args, resuming: bool = False) -> set:
 
 
 def check_resume(old: dict, cfg: TrainConfig) -> None:
-    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config."""
+    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config, if
+    the SSGD warm-up changed (the switch to the delay stage cannot move: resumed past a new
+    switch point the run would stay SSGD, or count its local steps from a negative ``m``), or
+    if the run's length changed under a schedule that depends on it (``cosine``, ``poly``: the
+    lr would jump at the resume point and the run would match neither length's run)."""
     old = _normalise(dict(old), "checkpoint config")
     for name in STRUCTURAL:
         if name in old and old[name] != getattr(cfg, name):
             raise UserError(f"the checkpoint was trained with {flag_name(name)}={old[name]!r} but this run asks for "
                             f"{getattr(cfg, name)!r}; drop that setting or start a new run directory")
+    was, now = _first_set(old, WARMUP), _first_set(cfg.to_dict(), WARMUP)
+    if was != now:
+        raise UserError(f"the checkpoint was trained with {_as_flag(*was)} but this run asks for {_as_flag(*now)}: a "
+                        "resumed run cannot move the switch from the SSGD warm-up to the delay stage; drop that "
+                        "setting or start a new run directory")
+    was, now = _first_set(old, RUN_LENGTH), _first_set(cfg.to_dict(), RUN_LENGTH)
+    for name in ("lr_schedule", "local_lr_schedule"):
+        spec = getattr(cfg, name)
+        if was != now and spec is not None and old.get(name) == spec and parse_schedule(spec)[0] in LENGTH_SCHEDULES:
+            raise UserError(f"--{flag_name(name)} {spec} spreads its decay over the whole run: the checkpoint was "
+                            f"trained for {_as_flag(*was)}, and resuming it for {_as_flag(*now)} would make the lr "
+                            f"jump at the resume point (matching neither run); keep {_as_flag(*was)}, or train for "
+                            f"{_as_flag(*now)} from the start in a new run directory")
+
+
+def _first_set(settings: dict, names: tuple) -> tuple:
+    """``(name, value)`` of the first of ``names`` set in ``settings`` (they replace each other),
+    ``(names[0], None)`` when none is."""
+    for name in names:
+        if settings.get(name) is not None:
+            return name, settings[name]
+    return names[0], None
+
+
+def _as_flag(name: str, value) -> str:
+    return f"--{flag_name(name)} {_show(value)}" if value is not None else f"no --{flag_name(name)}"
 
 
 def changed_settings(old: dict, cfg: TrainConfig) -> list:
