@@ -6,15 +6,20 @@ with whatever weights and buffers the model holds, and one scalar allreduce sums
 the correct count and the sample count, so every rank returns the same ``(loss, accuracy)``
 over the whole split. With one rank (or ``comm=None``) it is plain serial evaluation.
 
-``Evaluator`` is the trainer's: it evaluates the global model ``W`` (and rank 0's local
-model ``L``) with rank 0's BatchNorm statistics, then puts the training state back.
+``Evaluator`` is the trainer's: it evaluates the global model ``W`` with the BatchNorm
+running statistics averaged over the ranks that train (``mean_buffers``: every rank's
+statistics come from its own batches, and ``W`` is the average of all ranks' training),
+and rank 0's local model ``L`` with rank 0's own statistics; then it puts the training
+state back (the averaged statistics exist only for the evaluation). A checkpoint's
+``/model`` holds ``W`` with those averaged statistics (``loop.save``).
 
 ``ssdmpi eval --checkpoint PATH`` rebuilds the checkpoint's model from its stored config,
-loads the global model ``W`` and rank 0's BatchNorm statistics (``/model`` in the file),
-and evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
+loads the global model ``W`` and its BatchNorm statistics (``/model`` in the file), and
+evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
 ``mpiexec -n N`` the ranks share the work. ``--local`` evaluates rank 0's local model
-``L`` instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
-``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
+``L`` with rank 0's own statistics instead (delay-stage checkpoints only). Each rank's
+threads and GPU are chosen as for ``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``,
+``--gpu-id``).
 """
 
 from __future__ import annotations
@@ -55,8 +60,44 @@ def evaluate(model, x, y, comm=None, batch_size: int = EVAL_BATCH) -> tuple[floa
     return float(np.float64(totals["loss"]) / n), float(np.float64(totals["correct"]) / n), n
 
 
+def mean_buffers(comm, model, trains: bool = True) -> dict:
+    """Collective: the mean over the ranks that train of this model's float buffers (the
+    BatchNorm running statistics; not the Dropout generators' states), as host arrays of the
+    buffers' own dtypes and shapes; ``{}`` for a model without them.
+
+    ``trains``: False on a rank whose statistics never saw a batch (an asgd server): it adds
+    nothing. One blocking allreduce of a float64 vector (the statistics and the count of
+    ranks that train): every rank gets the same bits, the sum of float32 statistics in
+    float64 divided by that count, rounded once to the buffer's dtype. Changes nothing."""
+    import numpy as np
+
+    from ssdmpi import backend
+
+    own = {k: backend.to_host(v) for k, v in model.buffers().items()}
+    names = sorted(k for k, v in own.items() if np.asarray(v).dtype.kind == "f")
+    if not names:
+        return {}
+    flat = np.concatenate([np.asarray(own[k], dtype=np.float64).ravel() for k in names] + [np.ones(1)])
+    if not trains:
+        flat[...] = 0.0
+    if comm is not None and comm.size > 1:
+        comm.allreduce(flat, average=False)
+    out, at = {}, 0
+    for k in names:
+        n = own[k].size
+        out[k] = (flat[at:at + n] / flat[-1]).astype(own[k].dtype).reshape(own[k].shape)
+        at += n
+    return out
+
+
+def trains_on_data(algo) -> bool:
+    """False on a rank that runs no forward pass in training (an asgd server), True elsewhere."""
+    return not getattr(algo, "is_server", False)
+
+
 class Evaluator:
-    """Test-split evaluation of ``W`` (and rank 0's ``L``) without disturbing the training state."""
+    """Test-split evaluation of ``W`` (averaged BatchNorm statistics) and rank 0's ``L`` (rank 0's
+    own statistics) without disturbing the training state (see the module docstring)."""
 
     def __init__(self, comm, model, algo, dataset):
         self.comm, self.model, self.algo, self.dataset = comm, model, algo, dataset
@@ -74,15 +115,18 @@ class Evaluator:
         L = algo.local_weights()
         L = None if L is None else (L.copy() if L is not model.params else own_params)   # before params change
         try:
-            if own_buffers and comm.size > 1:   # rank 0's BN statistics for everyone
-                host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
-                model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
+            if own_buffers and comm.size > 1:   # W: the statistics of every rank that trains, averaged
+                mean = mean_buffers(comm, model, trains_on_data(algo))
+                model.load_buffers({**own_buffers, **{k: backend.to_device(v) for k, v in mean.items()}})
             W = algo.global_weights()
             if W is not model.params:
                 model.params[...] = W
             loss, acc, _ = evaluate(model, *data, comm)
             out = {"test_acc": acc, "test_loss": loss}
             if L is not None:
+                if own_buffers and comm.size > 1:   # rank 0's L with rank 0's own statistics
+                    host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
+                    model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
                 host = backend.to_host(L).copy() if comm.rank == 0 else np.empty(L.shape, dtype=L.dtype)
                 comm.broadcast(host, root=0)
                 model.params[...] = backend.to_device(host)
@@ -134,7 +178,8 @@ def run(args) -> int:
 
 
 def _read_checkpoint(args):
-    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate."""
+    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
+    ``shared["buffers"]`` its statistics (``--local``: rank 0's ``L`` and rank 0's own)."""
     from ssdmpi import checkpoint
     from ssdmpi.errors import UserError
 
@@ -142,11 +187,14 @@ def _read_checkpoint(args):
     meta = checkpoint.read_meta(path)
     shared = checkpoint.read_shared(path, "model")
     if args.local:
-        algo = checkpoint.read_rank_state(path, 0).get("algo", {})
+        rank0 = checkpoint.read_rank_state(path, 0)
+        algo = rank0.get("algo", {})
         if algo.get("L") is None:
             raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
                             "drop --local")
         shared["global_weights"] = algo["L"]
+        if rank0.get("model", {}).get("buffers"):
+            shared["buffers"] = rank0["model"]["buffers"]     # L with rank 0's own statistics
     return path, meta, shared
 
 

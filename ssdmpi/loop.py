@@ -245,13 +245,18 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
 
 def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -> str:
     """Collective: drain, then write every rank's state (``tree``, default the state now) and
-    the global model into one checkpoint file; return its path."""
+    the global model (``W`` with the BatchNorm statistics averaged as its evaluation averages
+    them, ``evaluate.mean_buffers``) into one checkpoint file; return its path."""
     from ssdmpi import __version__, checkpoint
+    from ssdmpi.evaluate import mean_buffers, trains_on_data
 
     cfg, algo, state, E = job.cfg, job.algo, job.state, job.E
     algo.drain()
     tree = state.state_dict() if tree is None else tree
+    mean = mean_buffers(comm, job.model, trains_on_data(algo))
     shared = state.shared(tree) if comm.rank == 0 else None
+    if shared is not None:
+        shared["model"]["buffers"] = {**shared["model"]["buffers"], **mean}
     meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
             "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc")}
