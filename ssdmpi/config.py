@@ -31,6 +31,7 @@ from ssdmpi.algos.auto_delay import DELAY_RANGE
 from ssdmpi.algos.config import (
     ALGOS,
     ASGD_ORDERS,
+    ASGD_RATES,
     COMMS,
     DEFAULT_COMM,
     DEFAULT_DELAY,
@@ -103,6 +104,7 @@ class TrainConfig:
     period_rule: str | None = None     # rule of --comm period
     servers: int | None = None         # asgd: parameter-server ranks (the last ones)
     asgd_order: str | None = None      # asgd: arrival | round-robin
+    asgd_rate: str | None = None       # asgd: plain | staleness
     # runtime
     device: str = "auto"
     threads: int | None = None         # BLAS/OpenMP threads per rank (None: chosen per node, comm/node.py)
@@ -134,6 +136,8 @@ class TrainConfig:
             positive_int("servers", self.servers)
         if self.asgd_order is not None:
             choice("asgd-order", self.asgd_order, ASGD_ORDERS)
+        if self.asgd_rate is not None:
+            choice("asgd-rate", self.asgd_rate, ASGD_RATES)
         choice("device", self.device, DEVICES)
         if self.threads is not None:
             positive_int("threads", self.threads)
@@ -302,6 +306,7 @@ def _algorithm_defaults() -> dict:
         "comm": f"{DEFAULT_COMM} (ssd's; odsgd: step)",
         "servers": f"{DEFAULT_SERVERS} with --algo asgd",
         "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
+        "asgd_rate": f"{ASGD_RATES[0]} with --algo asgd",
         "period_rule": f"{default_period_rule()}",
         "local_update": f"{DEFAULT_LOCAL_UPDATE}, where the schedule uses one",
         "local_lr": "world size x lr",
@@ -352,6 +357,7 @@ _APPLIES_TO = {
     "glu_divisor": "--local-update glu-paper",
     "servers": "--algo asgd",
     "asgd_order": "--algo asgd",
+    "asgd_rate": "--algo asgd",
 }
 
 
@@ -361,7 +367,7 @@ def _algo_values(cfg: TrainConfig) -> dict:
     return dict(algo=cfg.algo, delay=cfg.delay, delay_max=cfg.delay_max, comm=cfg.comm,
                 period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
                 local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
-                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
+                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
 
 
 def _algorithm_comments(cfg: TrainConfig) -> dict:
@@ -464,6 +470,8 @@ _FLAGS = {
         ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
         ("asgd_order", {"choices_help": ASGD_ORDERS},
          "asgd: apply pushes as they arrive, or in worker order (deterministic, for tests)"),
+        ("asgd_rate", {"choices_help": ASGD_RATES},
+         "asgd: the lr of each push: the global lr, or the global lr / (1 + the push's staleness)"),
     ],
     "runtime": [
         ("device", {"choices_help": DEVICES}, "array backend"),
@@ -763,7 +771,7 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
         local_lr_schedule=None if cfg.local_lr_schedule is None
         else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
         momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor,
-        servers=cfg.servers, asgd_order=cfg.asgd_order)
+        servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
     droppable = [k for k in ALGO_SETTINGS if k in soft]
     try:
         return AlgoConfig(**values).validate(world_size)
@@ -804,7 +812,8 @@ def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
     """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
     out = dataclasses.replace(cfg)
-    for key in ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order"):
+    for key in ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order",
+                "asgd_rate"):
         setattr(out, key, getattr(algo_cfg, key))
     if out.warmup_epochs is None:
         out.warmup_steps = int(algo_cfg.warmup_steps)
@@ -819,7 +828,7 @@ def data_ranks(cfg: TrainConfig, world_size: int) -> int:
     from ssdmpi.algos.asgd import worker_count
 
     servers = cfg.servers if cfg.servers is not None else DEFAULT_SERVERS
-    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order).validate(world_size)
+    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate).validate(world_size)
     return worker_count(world_size, servers)
 
 

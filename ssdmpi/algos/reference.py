@@ -318,9 +318,12 @@ class ASGDSimulation:
             self._bn[w] = {k: np.array(v, copy=True) for k, v in self.model.buffers().items()}
         return loss, np.array(self.model.grads, copy=True)
 
-    def _update(self, G):
-        """The server's momentum SGD (ALGORITHM.md 3) at the lr of iteration ``t``."""
+    def _update(self, G, staleness: int = 0):
+        """The server's momentum SGD (ALGORITHM.md 3) at the lr of iteration ``t`` (with ``--asgd-rate
+        staleness``, divided by ``1 + staleness``)."""
         eta = self.sched(self.t)
+        if self.cfg.asgd_rate == "staleness":
+            eta = eta / (1 + staleness)
         self.M = self.mu * self.M - eta * (self.lam * (self.mask * self.W) + G)
         self.W = self.W + self.M
         self.s += 1
@@ -344,7 +347,7 @@ class ASGDSimulation:
                 loss, g = self._grad(w)
                 out.append((loss, g))
                 self.staleness.append(self.s - self.version[w])
-                self._update(g)
+                self._update(g, self.staleness[-1])
                 self.L[w] = self.W.copy()
                 self.version[w] = self.s
         self.t += 1

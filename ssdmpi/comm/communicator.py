@@ -25,7 +25,8 @@ Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` tou
   operations in the same order), then run in the caller's thread.
 - Control calls (blocking, collective, on the control duplicate): ``barrier()``,
   ``broadcast_object(obj, root)``, ``check_agreement(signature)``, ``agree_error(exc)``,
-  ``agree(fn)``, ``any_true(flag)``, ``allreduce_scalars(values, op)``, and the state-tree
+  ``agree(fn)``, ``any_true(flag)``, ``allreduce_scalars(values, op)`` (and its nonblocking
+  ``allreduce_scalars_start``, whose handle's ``wait()`` returns the dict), and the state-tree
   transport of checkpoints: ``gather_trees(tree, root)`` / ``scatter_trees(tree_of, root)``
   (one rank's tree at a time on the root).
 - Point-to-point (nonblocking, on the gradient duplicate; used by the ``asgd`` parameter
@@ -156,6 +157,20 @@ class P2PHandle:
         if not self._final:
             self._owner._finish_p2p(self)
         return self.buf
+
+
+class ScalarsHandle:
+    """A nonblocking ``allreduce_scalars`` (``Communicator.allreduce_scalars_start``)."""
+
+    def __init__(self, wait, keys, data):
+        self._wait, self._keys, self._data, self._result = wait, keys, data, None
+
+    def wait(self) -> dict:
+        """Block until the reduction completed; ``{name: value}`` as ``allreduce_scalars`` returns."""
+        if self._result is None:
+            self._wait()
+            self._result = {k: float(v) for k, v in zip(self._keys, self._data)}
+        return self._result
 
 
 class Communicator:
@@ -351,6 +366,23 @@ class Communicator:
         data = np.array([float(values[k]) for k in keys], dtype=np.float64)
         self._control("Allreduce #{seq} (scalars)", self._ctl.Allreduce, self._MPI.IN_PLACE, data, op=ops[op])
         return {k: float(v) for k, v in zip(keys, data)}
+
+    def allreduce_scalars_start(self, values: dict, op: str = "sum") -> ScalarsHandle:
+        """Nonblocking ``allreduce_scalars``: ``wait()`` returns its dict. Collective as the
+        blocking control calls are (every rank starts the same sequence of control operations);
+        MPI moves it inside any MPI call of this process, so a rank busy with its own traffic
+        completes it without waiting for the others until ``wait()``."""
+        import numpy as np
+
+        ops = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}
+        if op not in ops:
+            raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+        keys = sorted(values)
+        data = np.array([float(values[k]) for k in keys], dtype=np.float64)
+        seq = self._next_seq()
+        request = self._ctl.Iallreduce(self._MPI.IN_PLACE, data, op=ops[op])
+        return ScalarsHandle(lambda: self._watched(f"control Iallreduce #{seq} (scalars)", seq, request.Wait),
+                             keys, data)
 
     def gather_trees(self, tree, root: int = 0):
         """Collective: every rank's state ``tree`` (nested dicts/lists of arrays and plain values;
