@@ -21,6 +21,7 @@ COMMS = ("step", "period")
 ASGD_ORDERS = ("arrival", "round-robin")   # asgd: pushes applied as they arrive, or in worker order (tests)
 # asgd: the lr of each push: the global lr, or the global lr / (1 + the push's staleness) (ALGORITHM.md 11)
 ASGD_RATES = ("plain", "staleness")
+DEFAULT_ASGD_RATE = "staleness"
 DEFAULT_SERVERS = 1
 # The sparsified schedule is the default: at k = 5 its rule delta-own keeps W within 1 point
 # of SSGD on the reference tasks (docs/PERIOD_RULE.md section 7, docs/ACCURACY.md).
@@ -72,7 +73,7 @@ class AlgoConfig:
     glu_divisor: float | None = None      # C (glu-paper); None: 12
     servers: int | None = None            # asgd: parameter-server ranks (the last ones); None: 1
     asgd_order: str | None = None         # asgd: arrival | round-robin; None: arrival
-    asgd_rate: str | None = None          # asgd: plain | staleness; None: ASGD_RATES[0]
+    asgd_rate: str | None = None          # asgd: plain | staleness; None: DEFAULT_ASGD_RATE
 
     # --- what each algorithm uses -----------------------------------------------------
 
@@ -181,7 +182,7 @@ class AlgoConfig:
         if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
             raise UserError(f"lr warm-up must be an integer number of steps >= 0, got {self.lr_warmup_steps!r}")
         resolved = dataclasses.replace(self, servers=int(servers), asgd_order=self.asgd_order or ASGD_ORDERS[0],
-                                       asgd_rate=self.asgd_rate or ASGD_RATES[0])
+                                       asgd_rate=self.asgd_rate or DEFAULT_ASGD_RATE)
         resolved.global_schedule()
         return resolved
 

@@ -121,4 +121,4 @@ def test_asgd_settings_on_another_algorithm_are_rejected():
     with pytest.raises(UserError, match="--asgd-rate applies only to --algo asgd"):
         AlgoConfig(algo="ssd", asgd_rate="staleness").validate(world_size=2)
     resolved = AlgoConfig(algo="asgd").validate(world_size=2)
-    assert (resolved.servers, resolved.asgd_order, resolved.asgd_rate) == (1, "arrival", "plain")
+    assert (resolved.servers, resolved.asgd_order, resolved.asgd_rate) == (1, "arrival", "staleness")
