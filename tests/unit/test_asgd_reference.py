@@ -79,7 +79,8 @@ def test_staleness_rate_divides_each_push_by_one_plus_its_staleness():
         M = mu * M - (lr / (1 + w)) * (lam * (mask * W) + g)
         W = W + M
     assert np.allclose(sim.W, W, rtol=0, atol=1e-15) and np.allclose(sim.M, M, rtol=0, atol=1e-15)
-    plain = ASGDSimulation(AlgoConfig(algo="asgd", warmup_steps=1, lr=lr, momentum=mu, weight_decay=lam), factory,
+    plain = ASGDSimulation(AlgoConfig(algo="asgd", warmup_steps=1, lr=lr, momentum=mu, weight_decay=lam,
+                                      asgd_rate="plain"), factory,
                            [ShardedLoader(x, y, B, w, K, seed=2) for w in range(K)], world_size=K + 1)
     plain.step()
     plain.step()
