@@ -1,6 +1,7 @@
 """The training loop of ``ssdmpi train`` (``train``) and what happens at its synchronisation
 points: the interval's metrics reduced over ranks (``Interval``, ``step_record``,
-``log_interval``), checkpoints (``save``) and evaluations (``evaluate_now``). ``ssdmpi/train.py``
+``log_interval``; one sync point later for asgd, ``LaggedSums``), checkpoints (``save``) and
+evaluations (``evaluate_now``). ``ssdmpi/train.py``
 sets a run up and ends it; the schedule of sync points is ``Due``'s docstring."""
 
 from __future__ import annotations

@@ -278,7 +278,8 @@ class ASGDSimulation:
     ``K`` workers' loaders (``ShardedLoader(x, y, B, w, K, seed)``) or is ``batches(w, t)``.
     After each ``step()``: ``W``, ``M``, ``s`` (updates applied), ``t``, ``L[w]`` (the weights
     worker ``w`` pulled last and computes on next), ``version[w]`` (``s`` when it pulled),
-    ``staleness`` (one entry per update, in order) and ``losses`` (one per worker).
+    ``staleness`` (one entry per update, in order) and ``losses`` (one per worker). With
+    ``asgd_rate`` ``staleness`` each asynchronous push steps with ``eta / (1 + its staleness)``.
     """
 
     def __init__(self, config, model_factory, batches, world_size: int):
