@@ -30,7 +30,7 @@ class FakeComm:
         return Handle(self.log, n, values)
 
 
-def Stop():
+def no_signals():
     """The trainer's signal flags, none set."""
     return types.SimpleNamespace(preempt=0, interrupt=0)
 
@@ -47,7 +47,7 @@ def sync_point(lagged, comm, stop, step, settle=False, loss=1.0):
 
 
 def test_each_sync_point_completes_the_previous_reduction():
-    comm, lagged, stop = FakeComm(), LaggedSums(), Stop()
+    comm, lagged, stop = FakeComm(), LaggedSums(), no_signals()
     assert sync_point(lagged, comm, stop, 10) == []                    # nothing to complete yet
     assert comm.log == [("start", 0)]
     (done,) = sync_point(lagged, comm, stop, 20)
@@ -58,7 +58,7 @@ def test_each_sync_point_completes_the_previous_reduction():
 
 
 def test_settle_completes_the_reduction_just_started():
-    comm, lagged, stop = FakeComm(), LaggedSums(), Stop()
+    comm, lagged, stop = FakeComm(), LaggedSums(), no_signals()
     sync_point(lagged, comm, stop, 10)
     done = sync_point(lagged, comm, stop, 20, settle=True)            # a checkpoint, the last step, ...
     assert [at["step"] for _, _, at in done] == [10, 20] and lagged.pending is None
@@ -66,7 +66,7 @@ def test_settle_completes_the_reduction_just_started():
 
 
 def test_a_stop_flag_of_the_previous_interval_settles_the_current_one():
-    comm, lagged, stop = FakeComm(), LaggedSums(), Stop()
+    comm, lagged, stop = FakeComm(), LaggedSums(), no_signals()
     stop.preempt = 1                                                  # SIGUSR1 during the first interval
     sync_point(lagged, comm, stop, 10)
     stop.preempt = 0
@@ -76,7 +76,7 @@ def test_a_stop_flag_of_the_previous_interval_settles_the_current_one():
 
 
 def test_a_non_finite_loss_settles_too():
-    comm, lagged, stop = FakeComm(), LaggedSums(), Stop()
+    comm, lagged, stop = FakeComm(), LaggedSums(), no_signals()
     sync_point(lagged, comm, stop, 10, loss=float("nan"))
     done = sync_point(lagged, comm, stop, 20)
     assert lagged.pending is None and LaggedSums.flags(done)["bad"] == 1
