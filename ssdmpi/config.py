@@ -50,7 +50,7 @@ from ssdmpi.data.names import DATASETS
 from ssdmpi.errors import UserError
 from ssdmpi.optim.local import LOCAL_UPDATES
 from ssdmpi.parsing import parse_list, parse_size
-from ssdmpi.validate import choice, flag_name, is_int, nonnegative_int, number, positive_int
+from ssdmpi.validate import choice, did_you_mean, flag_name, is_int, nonnegative_int, number, positive_int
 
 # The choices this module owns (the others are imported from the modules that implement them).
 DEVICES = ("auto", "cpu", "gpu")
@@ -293,6 +293,16 @@ def _widths(text: str) -> list:
     return parse_list(text, "--widths", int, minimum=1, example="256,128")
 
 
+def _size(text: str) -> int:
+    """``--bucket-size``'s type: bytes, or argparse's error naming the flag."""
+    import argparse
+
+    try:
+        return parse_size(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _show(value) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
@@ -315,7 +325,7 @@ def _algorithm_defaults() -> dict:
         "glu_divisor": f"{DEFAULT_GLU_DIVISOR:g}",
         "warmup_steps": "0",
         "widths": "the model's own",
-        "run_dir": "runs/<timestamp>-<algo>",
+        "run_dir": "runs/<timestamp>-<algo>, -2, -3, ... if taken",
         "data_path": "the dataset's usual places",
         "steps": "--epochs decides",
         "bucket_size": "one fused buffer",
@@ -371,16 +381,24 @@ def _algo_values(cfg: TrainConfig) -> dict:
                 glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
 
 
-def _algorithm_comments(cfg: TrainConfig) -> dict:
-    """``{setting: comment}`` for the algorithm settings ``cfg`` leaves unset: the value its
-    ``--algo`` resolves them to, or that this run does not use them (``_APPLIES_TO``)."""
+def _resolved_algo(cfg: TrainConfig) -> AlgoConfig | None:
+    """``cfg``'s algorithm settings resolved without the data (None if they do not validate; a
+    stand-in local lr where its default needs the world size)."""
     values = _algo_values(cfg)
     try:
         try:
-            resolved = AlgoConfig(**values).validate(None)
+            return AlgoConfig(**values).validate(None)
         except ValueError:       # the default local lr needs the world size; any stand-in will do here
-            resolved = AlgoConfig(**dict(values, local_lr=cfg.lr)).validate(None)
+            return AlgoConfig(**dict(values, local_lr=cfg.lr)).validate(None)
     except UserError:
+        return None
+
+
+def _algorithm_comments(cfg: TrainConfig) -> dict:
+    """``{setting: comment}`` for the algorithm settings ``cfg`` leaves unset: the value its
+    ``--algo`` resolves them to, or that this run does not use them (``_APPLIES_TO``)."""
+    resolved = _resolved_algo(cfg)
+    if resolved is None:
         return {}
     out = {}
     for key, where in _APPLIES_TO.items():
@@ -395,19 +413,36 @@ def _algorithm_comments(cfg: TrainConfig) -> dict:
     return out
 
 
+def as_recorded(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` as the run will record it in config.yaml (``resolved_settings``), resolved without
+    the data: the algorithm's defaults written in (``--print-config`` prints this)."""
+    resolved = _resolved_algo(cfg)
+    if resolved is None:
+        return cfg
+    out = dataclasses.replace(cfg)
+    for key in RESOLVED_BY_ALGO:
+        setattr(out, key, getattr(resolved, key))
+    if out.warmup_epochs is None:
+        out.warmup_steps = int(cfg.warmup_steps or 0)
+    return out
+
+
 def annotated_yaml(cfg: TrainConfig) -> str:
-    """``cfg.to_yaml()`` with a comment after each setting left unset (``null``) saying what a
-    run gets instead (``default_help``; for the algorithm's settings, what ``--algo`` resolves
-    them to, or that they do not apply to it). Valid as a ``--config`` file."""
+    """The settings a run of ``cfg`` uses, as YAML valid as a ``--config`` file: ``as_recorded(cfg)``
+    (what config.yaml will say), with a comment after each setting the algorithm chose (its
+    default for ``--algo``) and after each left unset (``null``) saying what a run gets instead
+    (``default_help``), or that this run does not use it."""
     presets = {p: load_preset(p) for p in list_presets()}
     lines = ["# ssdmpi train: resolved settings (defaults < preset < --config file < flags)"]
     comments = _algorithm_comments(cfg)
-    for line in cfg.to_yaml().splitlines():
+    for line in as_recorded(cfg).to_yaml().splitlines():
         key, sep, value = line.partition(": ")
         if sep and value == "null" and key in FIELD_NAMES:
             text = ("default: the model's own" if key == "widths" else comments[key] if key in comments
                     else default_help(key, presets).split("; set by preset")[0].split("; preset ")[0])
             line += f"   # {text}"
+        elif sep and key in comments and comments[key].startswith("default: "):
+            line += f"   # the default for --algo {cfg.algo}"
         lines.append(line)
     if cfg.run_dir is None:
         lines.append(f"# run_dir: {default_help('run_dir', presets)}")
@@ -482,7 +517,7 @@ _FLAGS = {
          "who drives nonblocking allreduces: {choices}; auto = "
          + ", ".join(f"{k}: {v}" for k, v in PROGRESS_DEFAULTS.items())),
         ("transport", {"choices_help": TRANSPORTS}, "how GPU buffers reach MPI"),
-        ("bucket_size", {"type": parse_size, "metavar": "SIZE"},
+        ("bucket_size", {"type": _size, "metavar": "SIZE"},
          "split each allreduce into pieces of SIZE bytes (e.g. 4M; K, M, G are powers of 1024)"),
         ("stall_timeout", {"type": float, "metavar": "SEC"}, "abort the job when one wait lasts longer than this"),
         ("seed", {"type": int}, "seed of initialisation, data order, augmentation"),
@@ -600,13 +635,17 @@ def _normalise(data: dict, where: str) -> dict:
         if name == "no_progress_bar":
             name, value = "progress_bar", not value
         if name not in FIELD_NAMES:
-            raise UserError(f"{where}: unknown setting {key!r} (see ssdmpi train --help for the settings)")
+            raise UserError(f"{where}: unknown setting {key!r}{did_you_mean(name, FIELD_NAMES)}; "
+                            "see ssdmpi train --help for the settings")
         if name == "widths" and isinstance(value, str):
             value = _widths(value)
         if name == "widths" and is_int(value):
             value = [value]
         if name == "bucket_size" and isinstance(value, str):
-            value = parse_size(value)
+            try:
+                value = parse_size(value)
+            except UserError as exc:
+                raise UserError(f"{where}: bucket_size: {exc}") from None
         if is_int(value) and \
                 isinstance(getattr(TrainConfig, name, None), float):
             value = float(value)
@@ -649,6 +688,9 @@ def build(settings: dict) -> TrainConfig:
 
 ALGO_SETTINGS = ("delay", "delay_max", "comm", "period_rule", "local_update", "local_lr", "local_lr_schedule",
                  "glu_divisor")
+# The settings a run records as its algorithm resolved them (config.yaml, checkpoints; ``resolved_settings``).
+RESOLVED_BY_ALGO = ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers",
+                    "asgd_order", "asgd_rate")
 # A resumed run does not take these from the checkpoint (threads and GPU belong to the machine, not the run).
 NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar", "threads", "gpu_id")
 
@@ -813,8 +855,7 @@ def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
     """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
     out = dataclasses.replace(cfg)
-    for key in ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers", "asgd_order",
-                "asgd_rate"):
+    for key in RESOLVED_BY_ALGO:
         setattr(out, key, getattr(algo_cfg, key))
     if out.warmup_epochs is None:
         out.warmup_steps = int(algo_cfg.warmup_steps)

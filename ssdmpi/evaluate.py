@@ -10,16 +10,15 @@ over the whole split. With one rank (or ``comm=None``) it is plain serial evalua
 running statistics averaged over the ranks that train (``mean_buffers``: every rank's
 statistics come from its own batches, and ``W`` is the average of all ranks' training),
 and rank 0's local model ``L`` with rank 0's own statistics; then it puts the training
-state back (the averaged statistics exist only for the evaluation). A checkpoint's
-``/model`` holds ``W`` with those averaged statistics (``loop.save``).
+state back (the averaged statistics exist only for the evaluation).
 
 ``ssdmpi eval --checkpoint PATH`` rebuilds the checkpoint's model from its stored config,
-loads the global model ``W`` and its BatchNorm statistics (``/model`` in the file), and
-evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
-``mpiexec -n N`` the ranks share the work. ``--local`` evaluates rank 0's local model
-``L`` with rank 0's own statistics instead (delay-stage checkpoints only). Each rank's
-threads and GPU are chosen as for ``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``,
-``--gpu-id``).
+loads the global model ``W`` with the BatchNorm statistics of every rank that trained,
+averaged as above (``average_buffers`` of the ranks' files), and evaluates it on the test
+split of the checkpoint's dataset (or ``--dataset``). Under ``mpiexec -n N`` the ranks share
+the work. ``--local`` evaluates rank 0's local model ``L`` with rank 0's own statistics
+instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
+``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
 """
 
 from __future__ import annotations
@@ -67,26 +66,50 @@ def mean_buffers(comm, model, trains: bool = True) -> dict:
 
     ``trains``: False on a rank whose statistics never saw a batch (an asgd server): it adds
     nothing. One blocking allreduce of a float64 vector (the statistics and the count of
-    ranks that train): every rank gets the same bits, the sum of float32 statistics in
-    float64 divided by that count, rounded once to the buffer's dtype. Changes nothing."""
-    import numpy as np
-
+    ranks that train): every rank gets the same bits, those of ``average_buffers`` of every
+    training rank's buffers. Changes nothing."""
     from ssdmpi import backend
 
     own = {k: backend.to_host(v) for k, v in model.buffers().items()}
-    names = sorted(k for k, v in own.items() if np.asarray(v).dtype.kind == "f")
+    flat, names = _packed(own)
     if not names:
         return {}
-    flat = np.concatenate([np.asarray(own[k], dtype=np.float64).ravel() for k in names] + [np.ones(1)])
     if not trains:
         flat[...] = 0.0
     if comm is not None and comm.size > 1:
         comm.allreduce(flat, average=False)
+    return _unpacked(flat, names, own)
+
+
+def average_buffers(buffers: list) -> dict:
+    """The mean of several ranks' buffer dicts (``model.buffers()`` as host arrays), float buffers
+    only: summed in float64, divided by their number, rounded once to each buffer's dtype (the
+    sums of a few float32 statistics are exact in float64, so the order of the sum does not
+    matter: ``mean_buffers`` gives the same bits through MPI)."""
+    flat, names = _packed(buffers[0])
+    for other in buffers[1:]:
+        flat += _packed(other)[0]
+    return _unpacked(flat, names, buffers[0]) if names else {}
+
+
+def _packed(buffers: dict) -> tuple:
+    """``(float64 vector of the float buffers in name order, then a 1, their names)``."""
+    import numpy as np
+
+    names = sorted(k for k, v in buffers.items() if np.asarray(v).dtype.kind == "f")
+    parts = [np.asarray(buffers[k], dtype=np.float64).ravel() for k in names]
+    return np.concatenate(parts + [np.ones(1)]), names
+
+
+def _unpacked(flat, names: list, like: dict) -> dict:
+    """``_packed``'s sums divided by the count in their last element, in ``like``'s dtypes and shapes."""
+    import numpy as np
+
     out, at = {}, 0
     for k in names:
-        n = own[k].size
-        out[k] = (flat[at:at + n] / flat[-1]).astype(own[k].dtype).reshape(own[k].shape)
-        at += n
+        ref = np.asarray(like[k])
+        out[k] = (flat[at:at + ref.size] / flat[-1]).astype(ref.dtype).reshape(ref.shape)
+        at += ref.size
     return out
 
 
@@ -143,9 +166,13 @@ class Evaluator:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="checkpoint file (or a run directory: its newest valid checkpoint)")
+                        help="checkpoint (RUN/checkpoints/ckpt-<step>, or its best or last link) or a run "
+                             "directory (its newest checkpoint)")
     parser.add_argument("--dataset", help="dataset to evaluate on (default: the checkpoint's)")
     parser.add_argument("--data-path", metavar="PATH", help="where that dataset's files are")
+    parser.add_argument("--model", metavar="NAME|package.module:factory",
+                        help="the model to load the weights into (default: the checkpoint's; give it when the "
+                             "factory the run was trained with cannot be imported, e.g. it lived in its script)")
     parser.add_argument("--local", action="store_true", help="evaluate rank 0's local model L instead of W")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="array backend")
     parser.add_argument("--threads", type=int, metavar="N",
@@ -169,7 +196,7 @@ def run(args) -> int:
         nonnegative_int("gpu-id", args.gpu_id)
     path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
     placement = world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
-    model, dataset = _restore_model(args, path, meta.get("config", {}), shared)
+    model, dataset = world.agree(lambda: _restore_model(args, path, meta.get("config", {}), shared))
     with Communicator(progress="blocking", stall_timeout=None) as comm:
         loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size)
         if comm.rank == 0:
@@ -179,47 +206,27 @@ def run(args) -> int:
 
 def _read_checkpoint(args):
     """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
-    ``shared["buffers"]`` its statistics (``--local``: rank 0's ``L`` and rank 0's own)."""
+    ``shared["buffers"]`` its statistics: for ``W`` those of every rank that trained, averaged as the
+    run's evaluation averages them (``average_buffers``); for ``L`` (``--local``) rank 0's own."""
     from ssdmpi import checkpoint
-    from ssdmpi.errors import UserError
 
-    path = checkpoint.resolve_path(args.checkpoint)
-    meta = checkpoint.read_meta(path)
-    shared = checkpoint.read_shared(path, "model")
-    if args.local:
-        rank0 = checkpoint.read_rank_state(path, 0)
-        algo = rank0.get("algo", {})
-        if algo.get("L") is None:
-            raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
-                            "drop --local")
-        shared["global_weights"] = algo["L"]
-        if rank0.get("model", {}).get("buffers"):
-            shared["buffers"] = rank0["model"]["buffers"]     # L with rank 0's own statistics
-    return path, meta, shared
+    path = checkpoint.resolve_path(args.checkpoint, deep=False)
+    meta, weights, buffers = checkpoint.read_model(path, local=args.local)
+    if not args.local and buffers:
+        workers = int(meta.get("workers") or meta["world_size"])
+        buffers = {**buffers, **average_buffers(checkpoint.read_buffers(path, meta, range(workers)))}
+    return path, meta, {"global_weights": weights, "buffers": buffers}
 
 
 def _restore_model(args, path: str, cfg: dict, shared: dict):
-    """The checkpoint's model with the weights and buffers to evaluate, and the dataset."""
-    import numpy as np
+    """The checkpoint's model (or ``--model``) with the weights and buffers to evaluate, and the dataset."""
+    from ssdmpi import backend, restore
 
-    from ssdmpi import backend
-    from ssdmpi.data import load_dataset
-    from ssdmpi.errors import UserError
-    from ssdmpi.nn import build_model
-
-    dataset_name = args.dataset or cfg.get("dataset")
-    data_path = args.data_path if args.dataset or args.data_path else cfg.get("data_path")
-    dataset = load_dataset(dataset_name, data_path)
-    options = {"widths": tuple(cfg["widths"])} if cfg.get("widths") else {}
-    model = build_model(cfg["model"], dataset.input_shape, dataset.num_classes, xp=backend.get_xp(),
-                        dtype=np.dtype(cfg.get("dtype", "float32")), seed=0, **options)
-    weights = np.asarray(shared["global_weights"])
-    if weights.shape != model.params.shape:
-        raise UserError(f"{path} holds {weights.size} parameters but model {cfg['model']} on {dataset_name} has "
-                        f"{model.params.size}; evaluate it on the dataset it was trained on", collective=True)
-    model.params[...] = backend.to_device(weights)
-    if shared.get("buffers"):
-        model.load_buffers({k: backend.to_device(v) for k, v in shared["buffers"].items()})
+    dataset = restore.eval_dataset(path, cfg, args.dataset, args.data_path)
+    model = restore.build(path, cfg, dataset.input_shape, dataset.num_classes, args.model, xp=backend.get_xp(),
+                          instead="pass an importable --model package.module:factory (docs/API.md)")
+    model = restore.load_weights(model, shared, path, instead="evaluate it on the dataset it was trained on "
+                                                              "(--dataset), with its model (--model)")
     return model, dataset
 
 

@@ -1,13 +1,12 @@
 """The training loop of ``ssdmpi train`` (``train``) and what happens at its synchronisation
 points: the interval's metrics reduced over ranks (``Interval``, ``step_record``,
 ``log_interval``; one sync point later for asgd, ``LaggedSums``), checkpoints (``save``) and
-evaluations (``evaluate_now``). ``ssdmpi/train.py``
+evaluations (``evaluate_now``). ``ssdmpi/trainer.py``
 sets a run up and ends it; the schedule of sync points is ``Due``'s docstring."""
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ from ssdmpi.phases import BREAKDOWN, breakdown, clock
 
 if TYPE_CHECKING:
     from ssdmpi.report import Reporter
-    from ssdmpi.train import Job, Stop
+    from ssdmpi.trainer import Job, Stop
 
 # Per-step means summed (weighted by steps) into ``state.totals`` for the run summary.
 PER_STEP_TOTALS = ("step_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", *BREAKDOWN)
@@ -62,6 +61,8 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
                                        or due.planned_stop or due.evaluate or state.step == job.total_steps)
             for sums, steps, at in done:
                 log_interval(job, comm, out, sums, steps, at)
+            for record in job.checkpoints.poll(comm):   # a checkpoint written in the background: commit it
+                committed(job, out, record)
             interval.synced()   # the sync point's own time counts in the next interval (``sync_s``)
             code, reason = stop_verdict(LaggedSums.flags(done), due.planned_stop, cfg.stop_at_step, state.step)
             if code == DIVERGED_EXIT:       # a non-finite loss: stop at once, keep the last good checkpoint
@@ -69,7 +70,8 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
             if due.checkpoint or reason:
                 if comm.any_true(not _finite(algo.xp, algo.global_weights(), algo.local_weights())):
                     return DIVERGED_EXIT, f"diverged: non-finite weights at step {state.step}"
-                save(job, comm, out, "signal" if reason else "epoch" if due.epoch_end else "periodic")
+                save(job, comm, out, "signal" if reason else "epoch" if due.epoch_end else "periodic",
+                     background=not reason)
             if reason:
                 return code, reason
             if due.evaluate:
@@ -82,15 +84,17 @@ class Due:
     """What is due after step ``step``: is it a synchronisation point, and what happens there.
 
     Sync points: every ``--log-every`` steps, at checkpoints, at ``--stop-at-step`` and at the
-    last step. Checkpoints: each epoch's end and every ``--checkpoint-every`` steps.
-    Evaluation: every ``--eval-every`` epochs (the last one is ``finish``'s).
+    last step. Checkpoints: each epoch's end and every ``--checkpoint-every`` steps, but for the
+    last step (``finish`` writes the final one). Evaluation: every ``--eval-every`` epochs (the
+    last one is ``finish``'s).
     """
 
     __slots__ = ("epoch_end", "checkpoint", "planned_stop", "sync", "evaluate")
 
     def __init__(self, cfg, step: int, E: int, total_steps: int):
         self.epoch_end = step % E == 0
-        self.checkpoint = bool(self.epoch_end or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
+        self.checkpoint = bool(step < total_steps and (self.epoch_end or (cfg.checkpoint_every
+                                                                          and step % cfg.checkpoint_every == 0)))
         self.planned_stop = cfg.stop_at_step is not None and step == cfg.stop_at_step
         self.sync = step % cfg.log_every == 0 or self.checkpoint or self.planned_stop or step == total_steps
         self.evaluate = bool(self.epoch_end and cfg.eval_every and (step // E) % cfg.eval_every == 0
@@ -271,7 +275,7 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int, at: dict
     out.write(record)
     out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": at["stage"], "loss": record["loss"],
                                "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
-                               "acc": state.last_eval.get("test_acc")})
+                               "test_acc": state.last_eval.get("test_acc")})   # of the last evaluation
 
 
 class LaggedSums:
@@ -324,28 +328,34 @@ class _PendingSums:
         return dict(sums, **self.mine)
 
 
-def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None) -> str:
-    """Collective: drain, then write every rank's state (``tree``, default the state now) and
-    the global model (``W`` with the BatchNorm statistics averaged as its evaluation averages
-    them, ``evaluate.mean_buffers``) into one checkpoint file; return its path."""
-    from ssdmpi import __version__, checkpoint
-    from ssdmpi.evaluate import mean_buffers, trains_on_data
+def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None, replicated=None, weights=None,
+         background: bool = False) -> None:
+    """Collective: drain, then checkpoint every rank's state (``tree`` and its ``replicated`` paths,
+    default the state now; ``weights``: the model to evaluate when it is not the state's ``W``).
+    ``background``: return once the state is copied into host memory; a thread writes it and a
+    later sync point commits it (``ssdmpi/checkpoint/writer.py``). Otherwise it is written and
+    committed before this returns. Each commit is logged (``committed``)."""
+    from ssdmpi import __version__
 
     cfg, algo, state, E = job.cfg, job.algo, job.state, job.E
     algo.drain()
-    tree = state.state_dict() if tree is None else tree
-    mean = mean_buffers(comm, job.model, trains_on_data(algo))
-    shared = state.shared(tree) if comm.rank == 0 else None
-    if shared is not None:
-        shared["model"]["buffers"] = {**shared["model"]["buffers"], **mean}
+    if tree is None:
+        tree, replicated = state.state_dict(copy=False), state.replicated()
+    if weights is None and "algo/W" not in replicated:
+        weights = algo.global_weights()
     meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
-            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc")}
-    path = checkpoint.save_collective(comm, os.path.join(cfg.run_dir, "checkpoints"), state.step, meta, tree, shared,
-                                      keep=cfg.keep_checkpoints)
-    out.write({"kind": "checkpoint", "step": state.step, "epoch": state.step / E, "path": path, "reason": reason})
-    job.last_checkpoint = path
-    return path
+            "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc"), "workers": job.workers,
+            "global_batch": cfg.batch_size * job.workers,
+            "input_shape": list(job.dataset.input_shape), "num_classes": int(job.dataset.num_classes)}
+    for record in job.checkpoints.save(comm, state.step, meta, tree, replicated, weights, background):
+        committed(job, out, record)
+
+
+def committed(job: Job, out: Reporter, record: dict) -> None:
+    """A checkpoint was committed: its ``checkpoint`` metrics record; it is the run's newest."""
+    out.write(record)
+    job.last_checkpoint = record["path"]
 
 
 def evaluate_now(job: Job, out: Reporter) -> dict:
@@ -353,6 +363,7 @@ def evaluate_now(job: Job, out: Reporter) -> dict:
     job.algo.drain()
     result = job.evaluator()
     step, E, state = job.state.step, job.E, job.state
+    job.checkpoints.evaluated(step, result)       # a checkpoint of this step records it (and may be the best)
     out.write({"kind": "eval", "step": step, "epoch": step / E, "stage": job.algo.stage, "time": state.time_s(),
                "train_s": state.train_s(), **result})
     text = f"eval  step {step}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  loss {result['test_loss']:.4f}"

@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ssdmpi import backend
+from ssdmpi.algos import resize
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
 from ssdmpi.phases import Phases, clock
@@ -235,22 +236,30 @@ class ASGD:
 
     # --- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def state_dict(self, copy: bool = True) -> dict:
         """Collective (drains first). Every rank: ``algo``, ``role``, ``t``, ``s`` (updates the
         servers applied), ``stage``; a worker
         also ``L`` (the weights it pulled and computes on next); a server ``W_shard``, ``M_shard``,
-        ``shard`` ([start, stop)), ``version`` and ``pushes`` (per worker)."""
+        ``shard`` ([start, stop)), ``version`` and ``pushes`` (per worker). ``copy=False``: the
+        live buffers, valid until the next step."""
         self.drain()
         d = {"algo": self.name, "role": "server" if self.is_server else "worker", "t": int(self.t),
              "s": int(self.s), "stage": self.stage}
         if self.is_server:
             sl = self.shards[self.j]
-            d.update(W_shard=backend.to_host(self.Wj).copy(), M_shard=backend.to_host(self.Mj).copy(),
-                     shard=np.array([sl.start, sl.stop], dtype=np.int64), version=self.version.copy(),
-                     pushes=self.pushes.copy())
+            d.update(W_shard=self.Wj, M_shard=self.Mj, shard=np.array([sl.start, sl.stop], dtype=np.int64),
+                     version=self.version, pushes=self.pushes)
         else:
-            d["L"] = backend.to_host(self.model.params).copy()
-        return d
+            d["L"] = self.model.params
+        return resize.host_copies(d) if copy else d
+
+    def replicated(self) -> tuple:
+        """None of the state is the same on every rank (``W`` is the servers' shards)."""
+        return ()
+
+    def resized_state(self, ctx) -> tuple[dict, str]:
+        """Collective: this rank's state from a checkpoint of another number of workers (``resize.asgd``)."""
+        return resize.asgd(self, ctx)
 
     def load_state_dict(self, d: dict) -> None:
         """Restore ``state_dict()`` output into an ASGD built with the same config and world size."""

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from ssdmpi import backend
-from ssdmpi.algos import auto_delay
+from ssdmpi.algos import auto_delay, resize
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
 from ssdmpi.phases import Phases, clock
@@ -143,17 +143,27 @@ class Algorithm:
                   "algo.dtype": str(self.model.params.dtype)})
         return d
 
-    def state_dict(self) -> dict:
-        """Everything needed to continue bit for bit (drains first). NumPy arrays and plain scalars."""
+    def state_dict(self, copy: bool = True) -> dict:
+        """Everything needed to continue bit for bit (drains first): NumPy copies and plain scalars;
+        ``copy=False``: the live buffers (device arrays on a GPU), valid until the next step."""
         self.drain()
-        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage,
-             "W": backend.to_host(self.W).copy(), "M": backend.to_host(self.M).copy()}
+        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage, "W": self.W, "M": self.M}
         if self.stage == "delay":
-            d["L"] = backend.to_host(self.L).copy()
+            d["L"] = self.L
             d.update(self._delay_state())
         if self.auto:
             d.update(self.delay_choice.state() if self.delay_choice else self._meter.state_dict())
-        return d
+        return resize.host_copies(d) if copy else d
+
+    def replicated(self) -> tuple:
+        """Keys of ``state_dict()`` whose arrays are identical on every rank (a checkpoint stores
+        them once, and resuming on another number of ranks keeps them exactly)."""
+        return ("W", "M") + (self._replicated_delay() if self.stage == "delay" else ())
+
+    def resized_state(self, ctx) -> tuple[dict, str]:
+        """Collective: this rank's ``state_dict()`` from a checkpoint written by another number of
+        ranks, and what was merged (``ssdmpi/algos/resize.py``)."""
+        return resize.averaged(ctx)
 
     def load_state_dict(self, d: dict) -> None:
         """Restore ``state_dict()`` output (this object must have been built with the same config)."""
@@ -253,9 +263,6 @@ class Algorithm:
         """Learning rate of the local step at iteration ``t`` (subclasses that use ``local_lr`` override)."""
         return self.schedule(t)
 
-    def _host(self, a):
-        return backend.to_host(a).copy()
-
     def _dev(self, a):
         return self.xp.asarray(a)
 
@@ -268,6 +275,9 @@ class Algorithm:
 
     def _delay_state(self) -> dict:
         return {}
+
+    def _replicated_delay(self) -> tuple:
+        return ()
 
     def _load_delay_state(self, d: dict) -> None:
         pass

@@ -39,7 +39,7 @@ class _SSDBase(Algorithm):
         return self.schedule(t)
 
     def _delay_state(self) -> dict:
-        return {f"local.{k}": self._host(v) for k, v in self.local.state_dict().items()} if self.local else {}
+        return {f"local.{k}": v for k, v in self.local.state_dict().items()} if self.local else {}
 
     def _load_delay_state(self, d: dict) -> None:
         if self.local is not None:
@@ -152,9 +152,19 @@ class SSDPeriod(_SSDBase):
 
     def _delay_state(self) -> dict:
         d = super()._delay_state()
-        d.update({f"period.{k}": (self._host(v) if hasattr(v, "shape") else v)
-                  for k, v in self.rule.state_dict().items()})
+        d.update({f"period.{k}": v for k, v in self.rule.state_dict().items()})
         return d
+
+    def _replicated_delay(self) -> tuple:
+        return tuple(f"period.{k}" for k in self.rule.replicated())
+
+    def resized_state(self, ctx) -> tuple[dict, str]:
+        """The averaged state (``Algorithm``), then the period rule's own merge (``PeriodRule.resized``)."""
+        state, merged = super().resized_state(ctx)
+        if str(state.get("stage")) == "delay":
+            k = int(state["auto.k"]) if self.auto else self.k
+            merged = PERIOD_RULES[self.config.period_rule].resized(state, k) or merged
+        return state, merged
 
     def _load_delay_state(self, d: dict) -> None:
         super()._load_delay_state(d)

@@ -19,6 +19,8 @@ KINDS = {
     "train": "whole training runs per algorithm on a throttled network: speed and accuracy",
     "model": "alpha-beta communication model: predicted vs measured speedup",
     "accuracy": "final test accuracy of W per algorithm, schedule, local update and k (reference simulator)",
+    "checkpoint": "what a checkpoint costs: sharded background writes vs the gather to rank 0, per rank count",
+    "report": "render BENCHMARKS.md from the result files under docs/results/",
 }
 
 

@@ -17,6 +17,8 @@ median over repeats. Then every run directory is parsed (``ssdmpi.plot.load_run`
 the results are written:
 
 - ``OUT/results.md`` and ``OUT/results.csv``: one row per variant (columns in ``COLUMNS``);
+- ``OUT/result.json``: the same rows, the settings, the command line and the machine
+  (``ssdmpi/bench/result.py``; what ``ssdmpi bench report`` renders ``BENCHMARKS.md`` from);
 - ``OUT/figures/*.png``: ``ssdmpi plot`` of all runs;
 - ``OUT/logs/NAME.log``: each run's stdout and stderr.
 
@@ -62,6 +64,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import deprecated_alias
 from ssdmpi.bench.launch import (
     NETNS,
@@ -451,6 +454,15 @@ def csv_table(rows) -> str:
     return buf.getvalue()
 
 
+def result_json(rows, settings: str) -> str:
+    """The result file of this benchmark (``ssdmpi/bench/result.py``): ``settings`` (the table
+    header's text) and ``rows``, one object per variant with the ``COLUMNS`` and
+    ``BREAKDOWN_COLUMNS`` keys (None where unknown)."""
+    keys = [k for k, _ in COLUMNS] + [k for k, _ in BREAKDOWN_COLUMNS if k not in dict(COLUMNS)]
+    return result_file.dumps({**result_file.provenance("train"), "settings": settings,
+                              "rows": [{k: row.get(k) for k in keys} for row in rows]})
+
+
 def _write_new(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file + rename)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -545,6 +557,14 @@ def _where(args) -> str:
     return f"{args.ranks} ranks, net {args.net}"
 
 
+def _settings(args) -> str:
+    """One line naming the job every variant ran (the tables' header)."""
+    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
+    return (f"ssdmpi bench train: {args.model} on {dataset}, {_where(args)}, batch {args.batch_size}/rank, "
+            f"lr {args.lr}, {f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, "
+            f"warm-up {args.warmup_steps}")
+
+
 def run(args) -> int:
     variants = _validate(args)
     if not args.out:
@@ -597,16 +617,14 @@ def run(args) -> int:
 
     rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
     md, text_csv = markdown_table(rows), csv_table(rows)
-    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
-    header = (f"<!-- ssdmpi bench train: {args.model} on {dataset}, {_where(args)}, "
-              f"batch {args.batch_size}/rank, lr {args.lr}, "
-              f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps} -->\n")
     md += "\n" + breakdown_table(rows, bound_note(rows))
-    _write_new(out / "results.md", header + md)
+    _write_new(out / "results.md", f"<!-- {_settings(args)} -->\n" + md)
     _write_new(out / "results.csv", text_csv)
+    _write_new(out / "result.json", result_json(rows, _settings(args)))
     runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
     if runs:
         make_figures(runs, out / "figures", title=f"{args.model}, {_where(args)}")
     print(md, end="")
-    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'figures'}/")
+    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
+          f"{out / 'figures'}/")
     return 1 if failures else 0

@@ -28,6 +28,7 @@ import dataclasses
 import os
 import socket
 
+from ssdmpi.comm.mpi_env import load_mpi
 from ssdmpi.errors import UserError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -82,9 +83,7 @@ def discover() -> Node:
     one follows the transport, and with shared memory turned off (``MPIR_CVAR_NOLOCAL=1``, as
     ``bin/ssdmpi-netns`` does to force every byte through TCP) each rank is its own "node" while
     the ranks still share the host's CPUs."""
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
+    world = load_mpi().COMM_WORLD
     host, mine = socket.gethostname(), usable_cpus()
     hosts = sorted(set(world.allgather(host)))
     local = world.Split(hosts.index(host), world.Get_rank())
