@@ -14,7 +14,7 @@ state back (the averaged statistics exist only for the evaluation).
 
 ``ssdmpi eval --checkpoint PATH`` rebuilds the checkpoint's model from its stored config,
 loads the global model ``W`` with the BatchNorm statistics of every rank that trained,
-averaged as above (``average_buffers`` of the ranks' files), and evaluates it on the test
+averaged as above (``checkpoint.read_model``), and evaluates it on the test
 split of the checkpoint's dataset (or ``--dataset``). Under ``mpiexec -n N`` the ranks share
 the work. ``--local`` evaluates rank 0's local model ``L`` with rank 0's own statistics
 instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
@@ -61,56 +61,23 @@ def evaluate(model, x, y, comm=None, batch_size: int = EVAL_BATCH) -> tuple[floa
 
 def mean_buffers(comm, model, trains: bool = True) -> dict:
     """Collective: the mean over the ranks that train of this model's float buffers (the
-    BatchNorm running statistics; not the Dropout generators' states), as host arrays of the
-    buffers' own dtypes and shapes; ``{}`` for a model without them.
-
-    ``trains``: False on a rank whose statistics never saw a batch (an asgd server): it adds
-    nothing. One blocking allreduce of a float64 vector (the statistics and the count of
-    ranks that train): every rank gets the same bits, those of ``average_buffers`` of every
-    training rank's buffers. Changes nothing."""
+    BatchNorm running statistics), as host arrays of the buffers' own dtypes and shapes (the
+    bits of ``ssdmpi/nn/buffers.py``'s ``average`` of every training rank's buffers); ``{}``
+    for a model without them. ``trains``: False on a rank whose statistics never saw a batch
+    (an asgd server): it adds nothing. One blocking allreduce of a float64 vector (the
+    statistics and the count of ranks that train). Changes nothing."""
     from ssdmpi import backend
+    from ssdmpi.nn.buffers import packed, unpacked
 
     own = {k: backend.to_host(v) for k, v in model.buffers().items()}
-    flat, names = _packed(own)
+    flat, names = packed(own)
     if not names:
         return {}
     if not trains:
         flat[...] = 0.0
     if comm is not None and comm.size > 1:
         comm.allreduce(flat, average=False)
-    return _unpacked(flat, names, own)
-
-
-def average_buffers(buffers: list) -> dict:
-    """The mean of several ranks' buffer dicts (``model.buffers()`` as host arrays), float buffers
-    only: summed in float64, divided by their number, rounded once to each buffer's dtype (the
-    sums of a few float32 statistics are exact in float64, so the order of the sum does not
-    matter: ``mean_buffers`` gives the same bits through MPI)."""
-    flat, names = _packed(buffers[0])
-    for other in buffers[1:]:
-        flat += _packed(other)[0]
-    return _unpacked(flat, names, buffers[0]) if names else {}
-
-
-def _packed(buffers: dict) -> tuple:
-    """``(float64 vector of the float buffers in name order, then a 1, their names)``."""
-    import numpy as np
-
-    names = sorted(k for k, v in buffers.items() if np.asarray(v).dtype.kind == "f")
-    parts = [np.asarray(buffers[k], dtype=np.float64).ravel() for k in names]
-    return np.concatenate(parts + [np.ones(1)]), names
-
-
-def _unpacked(flat, names: list, like: dict) -> dict:
-    """``_packed``'s sums divided by the count in their last element, in ``like``'s dtypes and shapes."""
-    import numpy as np
-
-    out, at = {}, 0
-    for k in names:
-        ref = np.asarray(like[k])
-        out[k] = (flat[at:at + ref.size] / flat[-1]).astype(ref.dtype).reshape(ref.shape)
-        at += ref.size
-    return out
+    return unpacked(flat, names, own)
 
 
 def trains_on_data(algo) -> bool:
@@ -206,15 +173,12 @@ def run(args) -> int:
 
 def _read_checkpoint(args):
     """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
-    ``shared["buffers"]`` its statistics: for ``W`` those of every rank that trained, averaged as the
-    run's evaluation averages them (``average_buffers``); for ``L`` (``--local``) rank 0's own."""
+    ``shared["buffers"]`` its statistics (``checkpoint.read_model``: for ``W`` the training
+    ranks' averaged, for ``L`` rank 0's own)."""
     from ssdmpi import checkpoint
 
     path = checkpoint.resolve_path(args.checkpoint, deep=False)
     meta, weights, buffers = checkpoint.read_model(path, local=args.local)
-    if not args.local and buffers:
-        workers = int(meta.get("workers") or meta["world_size"])
-        buffers = {**buffers, **average_buffers(checkpoint.read_buffers(path, meta, range(workers)))}
     return path, meta, {"global_weights": weights, "buffers": buffers}
 
 

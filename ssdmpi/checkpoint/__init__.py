@@ -18,7 +18,7 @@ The public names are re-exported here (``from ssdmpi import checkpoint``;
 """
 
 from ssdmpi.checkpoint.format import FORMAT, CheckpointError
-from ssdmpi.checkpoint.load import read_buffers, read_model, restore
+from ssdmpi.checkpoint.load import read_model, restore
 from ssdmpi.checkpoint.sharded import FORMAT_VERSION
 from ssdmpi.checkpoint.store import (
     BEST,
@@ -37,5 +37,5 @@ from ssdmpi.checkpoint.store import (
 from ssdmpi.checkpoint.writer import CheckpointWriter
 
 __all__ = ["BEST", "FORMAT", "FORMAT_VERSION", "LAST", "CheckpointError", "CheckpointWriter", "check_compatible",
-           "checkpoint_name", "link_target", "list_checkpoints", "read_buffers", "read_meta", "read_model",
-           "resolve_path", "restore", "retain", "select_resume", "size_of", "verify"]
+           "checkpoint_name", "link_target", "list_checkpoints", "read_meta", "read_model", "resolve_path", "restore",
+           "retain", "select_resume", "size_of", "verify"]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import ssdmpi
 from ssdmpi.algos import AlgoConfig, build_algorithm
 from ssdmpi.cli import main
 from ssdmpi.comm.communicator import Communicator
@@ -126,9 +127,9 @@ def test_W_is_evaluated_with_the_mean_statistics_and_training_continues_bitwise(
 
 @pytest.mark.timeout(300)
 def test_ssdmpi_eval_of_a_checkpoint_gives_the_runs_own_final_evaluation(capsys):
-    """The checkpoint's ``/model`` is ``W`` with the averaged statistics: ``ssdmpi eval`` on as many
-    ranks reproduces the run's final evaluation bit for bit; ``--local`` is rank 0's ``L`` with rank
-    0's own statistics, the run's ``test_loss_local``."""
+    """A checkpoint's model is ``W`` with every training rank's statistics averaged: ``ssdmpi eval``
+    (and ``ssdmpi.load_model``) on as many ranks reproduces the run's final evaluation bit for bit;
+    ``--local`` is rank 0's ``L`` with rank 0's own statistics, the run's ``test_loss_local``."""
     run = os.path.join(shared_tmpdir(), "run")
     args = ["train", "--run-dir", run, "--dataset", "digits", "--model", "resnet20", "--batch-size", "4",
             "--steps", "8", "--seed", "2", "--algo", "ssd", "--comm", "step", "--delay", "2", "--warmup-steps", "3",
@@ -142,3 +143,9 @@ def test_ssdmpi_eval_of_a_checkpoint_gives_the_runs_own_final_evaluation(capsys)
         got = json.loads(out.strip().splitlines()[-1]) if RANK == 0 else None
         got = MPI.COMM_WORLD.bcast(got and (got["test_loss"], got["test_acc"]), root=0)   # asserted on every rank
         assert got == (final[f"test_loss{suffix}"], final[f"test_acc{suffix}"]), extra
+    # ssdmpi.load_model: the same W and statistics (evaluated here on the run's shards)
+    digits = load_dataset("digits")
+    model = ssdmpi.load_model(run)
+    with Communicator(MPI.COMM_WORLD) as comm:
+        loss, acc, _ = evaluate(model, digits.test_x, digits.test_y, comm)
+    assert (loss, acc) == (final["test_loss"], final["test_acc"])
