@@ -117,7 +117,7 @@ class TrainConfig:
     # run directory, checkpoints, logging
     run_dir: str | None = None         # None: runs/<timestamp>-<algo> under the current directory
     checkpoint_every: int = 0          # steps (0: only at epoch ends and at the end)
-    keep_checkpoints: int = 3          # keep the newest N checkpoint files (0: keep all)
+    keep_checkpoints: int = 3          # keep the newest N checkpoints, plus best and last (0: keep all)
     eval_every: int = 1                # epochs (0: only at the end)
     log_every: int = 10                # steps between metrics lines (and signal checks)
     seed: int = 0
@@ -526,7 +526,7 @@ _FLAGS = {
         ("run_dir", {"metavar": "DIR"}, "run directory"),
         ("checkpoint_every", {"type": int, "metavar": "STEPS"},
          "checkpoint every N steps, besides each epoch's end and the end (0: only those)"),
-        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints (0: all)"),
+        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints and best, last (0: all)"),
         ("eval_every", {"type": int, "metavar": "EPOCHS"}, "evaluate every N epochs (0: at the end only)"),
         ("log_every", {"type": int, "metavar": "STEPS"}, "metrics line every N steps"),
         ("stop_at_step", {"type": int, "metavar": "N"},

@@ -106,7 +106,8 @@ def choose_threads(node: Node, requested: int | None, environ=None) -> tuple[int
     if given:
         return None, f"{', '.join(given)} set by the user"
     n = max(1, min(node.cpus, node.node_cpus // node.local_size))
-    return n, f"{node.node_cpus} usable CPUs on {node.host} / {node.local_size} local ranks"
+    ranks = "1 local rank" if node.local_size == 1 else f"{node.local_size} local ranks"
+    return n, f"{node.node_cpus} usable CPUs on {node.host} / {ranks}"
 
 
 def launcher_bound_gpu(environ) -> str | None:

@@ -94,8 +94,8 @@ def test_load_model_in_this_process(trained, monkeypatch):
     monkeypatch.syspath_prepend(str(where))
     monkeypatch.delitem(sys.modules, "mymodels")
     digits = load_dataset("digits")                  # the same normalised test split as the run's arrays
-    checkpoint = sorted((run / "checkpoints").glob("ckpt-*.h5"))[-1]
-    for path in (run, str(checkpoint)):              # a run directory or a checkpoint file
+    checkpoint = sorted((run / "checkpoints").glob("ckpt-*"))[-1]
+    for path in (run, str(checkpoint)):              # a run directory or a checkpoint
         model = ssdmpi.load_model(path)
         loss, acc, n = evaluate(model, digits.test_x, digits.test_y)
         assert model.name == "net" and n == 360 and acc == pytest.approx(summary["test_acc"], abs=1e-6)

@@ -10,6 +10,7 @@ tests/mpi/test_checkpoint_writer.py runs it on real ranks.
 import json
 import os
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -330,6 +331,7 @@ def test_a_background_checkpoint_is_committed_at_a_sync_point_once_written(tmp_p
 
     def slow(*args):
         release.wait(30)
+        time.sleep(0.5)                      # the write takes longer than the copy into host memory
         return real(*args)
 
     with CheckpointWriter(str(tmp_path), keep=0) as writer:
@@ -348,7 +350,7 @@ def test_a_background_checkpoint_is_committed_at_a_sync_point_once_written(tmp_p
     assert [r["kind"] for r in records] == ["checkpoint"] and records[0]["step"] == 3 and records[0]["background"]
     assert records[0]["bytes"] == records[0]["bytes_per_rank"][0] == os.path.getsize(
         tmp_path / "ckpt-00000003" / "rank-0000.h5")
-    assert records[0]["stall_s"] < records[0]["write_s"]
+    assert records[0]["write_s"] >= 0.5 > records[0]["stall_s"]   # the write happened off the training's path
     _, weights, _ = checkpoint.read_model(str(tmp_path / "last"))
     assert np.array_equal(weights, np.full(50, 1.0))                 # the state when save() was called
     assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []

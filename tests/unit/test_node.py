@@ -22,7 +22,8 @@ def make_node(local_rank=0, local_size=4, cpus=16, node_cpus=16):
 def test_threads_share_the_node_between_its_ranks(local_size, node_cpus, cpus, expected):
     n, why = choose_threads(make_node(local_size=local_size, cpus=cpus, node_cpus=node_cpus), None, {})
     assert n == expected
-    assert f"{node_cpus} usable CPUs on n1 / {local_size} local ranks" == why
+    ranks = "1 local rank" if local_size == 1 else f"{local_size} local ranks"
+    assert f"{node_cpus} usable CPUs on n1 / {ranks}" == why
 
 
 @pytest.mark.parametrize("name", node.THREAD_VARIABLES)
