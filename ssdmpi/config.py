@@ -31,7 +31,9 @@ from ssdmpi.algos.auto_delay import DELAY_RANGE
 from ssdmpi.algos.config import (
     ALGOS,
     ASGD_ORDERS,
+    ASGD_RATES,
     COMMS,
+    DEFAULT_ASGD_RATE,
     DEFAULT_COMM,
     DEFAULT_DELAY,
     DEFAULT_GLU_DIVISOR,
@@ -59,6 +61,12 @@ DTYPES = ("float32", "float64")
 # run must not change them (the checkpoint would not fit, or "continue" would be a lie).
 STRUCTURAL = ("dataset", "model", "widths", "dtype", "batch_size", "algo", "delay", "comm",
               "local_update", "period_rule", "seed", "servers")
+# Settings that replace each other (the first one set wins), checked as a pair on resume:
+# the SSGD warm-up's length, and the run's length (``steps`` wins over ``epochs``).
+WARMUP = ("warmup_steps", "warmup_epochs")
+RUN_LENGTH = ("steps", "epochs")
+# Learning-rate schedules whose every value depends on the run's length.
+LENGTH_SCHEDULES = ("cosine", "poly")
 
 
 @dataclass
@@ -98,6 +106,7 @@ class TrainConfig:
     period_rule: str | None = None     # rule of --comm period
     servers: int | None = None         # asgd: parameter-server ranks (the last ones)
     asgd_order: str | None = None      # asgd: arrival | round-robin
+    asgd_rate: str | None = None       # asgd: plain | staleness
     # runtime
     device: str = "auto"
     threads: int | None = None         # BLAS/OpenMP threads per rank (None: chosen per node, comm/node.py)
@@ -129,6 +138,8 @@ class TrainConfig:
             positive_int("servers", self.servers)
         if self.asgd_order is not None:
             choice("asgd-order", self.asgd_order, ASGD_ORDERS)
+        if self.asgd_rate is not None:
+            choice("asgd-rate", self.asgd_rate, ASGD_RATES)
         choice("device", self.device, DEVICES)
         if self.threads is not None:
             positive_int("threads", self.threads)
@@ -307,6 +318,7 @@ def _algorithm_defaults() -> dict:
         "comm": f"{DEFAULT_COMM} (ssd's; odsgd: step)",
         "servers": f"{DEFAULT_SERVERS} with --algo asgd",
         "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
+        "asgd_rate": f"{DEFAULT_ASGD_RATE} with --algo asgd",
         "period_rule": f"{default_period_rule()}",
         "local_update": f"{DEFAULT_LOCAL_UPDATE}, where the schedule uses one",
         "local_lr": "world size x lr",
@@ -358,6 +370,7 @@ _APPLIES_TO = {
     "glu_divisor": "--local-update glu-paper",
     "servers": "--algo asgd",
     "asgd_order": "--algo asgd",
+    "asgd_rate": "--algo asgd",
 }
 
 
@@ -367,7 +380,7 @@ def _algo_values(cfg: TrainConfig) -> dict:
     return dict(algo=cfg.algo, delay=cfg.delay, delay_max=cfg.delay_max, comm=cfg.comm,
                 period_rule=cfg.period_rule, local_update=cfg.local_update, local_lr=cfg.local_lr,
                 local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
-                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
+                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
 
 
 def _resolved_algo(cfg: TrainConfig) -> AlgoConfig | None:
@@ -495,6 +508,8 @@ _FLAGS = {
         ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
         ("asgd_order", {"choices_help": ASGD_ORDERS},
          "asgd: apply pushes as they arrive, or in worker order (deterministic, for tests)"),
+        ("asgd_rate", {"choices_help": ASGD_RATES},
+         "asgd: the lr of each push: the global lr, or the global lr / (1 + the push's staleness)"),
     ],
     "runtime": [
         ("device", {"choices_help": DEVICES}, "array backend"),
@@ -678,7 +693,7 @@ ALGO_SETTINGS = ("delay", "delay_max", "comm", "period_rule", "local_update", "l
                  "glu_divisor")
 # The settings a run records as its algorithm resolved them (config.yaml, checkpoints; ``resolved_settings``).
 RESOLVED_BY_ALGO = ("delay", "delay_max", "comm", "period_rule", "local_update", "glu_divisor", "servers",
-                    "asgd_order")
+                    "asgd_order", "asgd_rate")
 # A resumed run does not take these from the checkpoint (threads and GPU belong to the machine, not the run).
 NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar", "threads", "gpu_id")
 
@@ -716,12 +731,42 @@ def soft_settings(args, resuming: bool = False) -> set:
 
 
 def check_resume(old: dict, cfg: TrainConfig) -> None:
-    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config."""
+    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config, if
+    the SSGD warm-up changed (the switch to the delay stage cannot move: resumed past a new
+    switch point the run would stay SSGD, or count its local steps from a negative ``m``), or
+    if the run's length changed under a schedule that depends on it (``cosine``, ``poly``: the
+    lr would jump at the resume point and the run would match neither length's run)."""
     old = _normalise(dict(old), "checkpoint config")
     for name in STRUCTURAL:
         if name in old and old[name] != getattr(cfg, name):
             raise UserError(f"the checkpoint was trained with {flag_name(name)}={old[name]!r} but this run asks for "
                             f"{getattr(cfg, name)!r}; drop that setting or start a new run directory")
+    was, now = _first_set(old, WARMUP), _first_set(cfg.to_dict(), WARMUP)
+    if was != now:
+        raise UserError(f"the checkpoint was trained with {_as_flag(*was)} but this run asks for {_as_flag(*now)}: a "
+                        "resumed run cannot move the switch from the SSGD warm-up to the delay stage; drop that "
+                        "setting or start a new run directory")
+    was, now = _first_set(old, RUN_LENGTH), _first_set(cfg.to_dict(), RUN_LENGTH)
+    for name in ("lr_schedule", "local_lr_schedule"):
+        spec = getattr(cfg, name)
+        if was != now and spec is not None and old.get(name) == spec and parse_schedule(spec)[0] in LENGTH_SCHEDULES:
+            raise UserError(f"--{flag_name(name)} {spec} spreads its decay over the whole run: the checkpoint was "
+                            f"trained for {_as_flag(*was)}, and resuming it for {_as_flag(*now)} would make the lr "
+                            f"jump at the resume point (matching neither run); keep {_as_flag(*was)}, or train for "
+                            f"{_as_flag(*now)} from the start in a new run directory")
+
+
+def _first_set(settings: dict, names: tuple) -> tuple:
+    """``(name, value)`` of the first of ``names`` set in ``settings`` (they replace each other),
+    ``(names[0], None)`` when none is."""
+    for name in names:
+        if settings.get(name) is not None:
+            return name, settings[name]
+    return names[0], None
+
+
+def _as_flag(name: str, value) -> str:
+    return f"--{flag_name(name)} {_show(value)}" if value is not None else f"no --{flag_name(name)}"
 
 
 def changed_settings(old: dict, cfg: TrainConfig) -> list:
@@ -772,7 +817,7 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
         local_lr_schedule=None if cfg.local_lr_schedule is None
         else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
         momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor,
-        servers=cfg.servers, asgd_order=cfg.asgd_order)
+        servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
     droppable = [k for k in ALGO_SETTINGS if k in soft]
     try:
         return AlgoConfig(**values).validate(world_size)
@@ -828,7 +873,7 @@ def data_ranks(cfg: TrainConfig, world_size: int) -> int:
     from ssdmpi.algos.asgd import worker_count
 
     servers = cfg.servers if cfg.servers is not None else DEFAULT_SERVERS
-    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order).validate(world_size)
+    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate).validate(world_size)
     return worker_count(world_size, servers)
 
 
