@@ -1,27 +1,9 @@
-"""The Python API: ``ssdmpi.train(config, model=None, dataset=None)`` from a script under ``mpiexec``.
+"""The Python API: ``ssdmpi.train(config, model=None, dataset=None)``, from a script under ``mpiexec``.
 
 A thin layer over ``ssdmpi train``: the settings become the same ``TrainConfig`` (defaults <
-preset < file < these settings), the run goes through the same ``train.run_job`` (loop,
-checkpoints, metrics, signals, exit codes), and its run directory is the same. See
-docs/API.md for examples.
-
-``config``: a mapping of settings (keys as in a YAML config: ``{"algo": "ssd", "epochs": 3}``;
-they override the preset like flags do), a ``TrainConfig``, a path to a YAML file, or None.
-Two extra keys: ``preset`` (as ``--preset``) and ``resume`` (as ``--resume``).
-
-``model``: None (``config["model"]`` names it), a factory
-``factory(input_shape, num_classes, *, xp, dtype, seed, **options) -> ssdmpi.nn.Model`` (the
-keywords it does not declare are not passed), or a built ``Model`` (it must use the run's
-array module and dtype). It is recorded in the run's config as ``module:qualname`` (a
-factory) or its ``name`` (a Model).
-
-``dataset``: None (``config["dataset"]`` names it), a ``Dataset`` (``ssdmpi.data``), or arrays
-``(train_x, train_y, test_x, test_y)`` / a mapping with those keys (and optionally
-``num_classes``, ``name``): (N, D) feature vectors or (N, [C,] H, W) images, normalised as
-every dataset is (``ssdmpi.data.from_arrays``).
-
-Every rank calls ``train`` with the same arguments. Returns a ``Result`` on every rank; bad
-input raises ``UserError`` (one line) on every rank.
+preset < file < these settings), the run goes through the same ``trainer.run_job`` (loop,
+checkpoints, metrics, signals, exit codes), and its run directory is the same. The contract is
+``train``'s docstring (what ``help(ssdmpi.train)`` shows); examples in docs/API.md.
 """
 
 from __future__ import annotations
@@ -51,8 +33,35 @@ class Result:
 
 
 def train(config=None, model=None, dataset=None) -> Result:
-    """Train ``model`` on ``dataset`` with the settings ``config`` (see the module docstring)."""
-    from ssdmpi import train as trainer
+    """Train a model data-parallel, as ``ssdmpi train`` does, from a script run under ``mpiexec``.
+
+    Every rank calls it with the same arguments (as every rank runs ``ssdmpi train``).
+
+    ``config``: a mapping of settings with the keys of a YAML config file (``{"algo": "ssd",
+    "epochs": 3, "run_dir": "runs/mine"}``; ``ssdmpi train --help`` lists them); they override the
+    preset as flags do. Extra keys: ``preset`` (as ``--preset``), ``resume`` (``"auto"`` or a path,
+    as ``--resume``), ``config`` (a YAML file under these settings). Or a ``TrainConfig``, the path
+    of a YAML file, or None.
+
+    ``model``: None (the ``model`` setting names it), a name (built in, registered, or
+    ``"package.module:factory"``), a factory ``factory(input_shape, num_classes, *, xp, dtype, seed,
+    **options) -> ssdmpi.nn.Model`` (the keywords it does not declare are not passed), or a built
+    ``Model`` (on the run's array module and dtype). A factory is recorded as ``module:qualname``,
+    which ``ssdmpi eval``, ``--resume`` and ``ssdmpi.load_model`` import again (not from a
+    script's ``__main__``).
+
+    ``dataset``: None (the ``dataset``/``data_path`` settings name it), an ``ssdmpi.data.Dataset``,
+    arrays ``(train_x, train_y, test_x, test_y)``, or a mapping with those keys and optionally
+    ``num_classes`` and ``name``: (N, D) feature vectors or (N, [C,] H, W) images, normalised as
+    every dataset is (``ssdmpi.data.from_arrays``). The run does not keep the arrays.
+
+    Returns a ``Result`` on every rank: ``exit_code`` (0 done, 3 diverged, 85/130 checkpointed
+    after a signal), ``run_dir``, ``summary`` (``summary.json`` of a finished run), ``model`` (the
+    trained ``Model``, the global weights ``W`` in its parameters), ``config`` (the resolved
+    ``TrainConfig``). Bad input raises ``ssdmpi.errors.UserError`` (one line) on every rank.
+    See docs/API.md.
+    """
+    from ssdmpi import trainer
 
     args = _arguments(config)
     model_spec = None

@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 
 from ssdmpi import __version__
 from ssdmpi.comm.abort import abort_job, install_abort_hook, world_rank_size
 from ssdmpi.errors import BROKEN_PIPE_EXIT, USAGE_EXIT, UserError
+from ssdmpi.validate import did_you_mean
 
 # name -> (module, one-line help). The order is the order of ``--help``.
 COMMANDS = {
-    "train": ("ssdmpi.train", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD"),
+    "train": ("ssdmpi.trainer", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD"),
     "eval": ("ssdmpi.evaluate", "evaluate a checkpoint on a dataset's test split"),
-    "bench": ("ssdmpi.bench", "benchmarks: engine, comm, train, model, accuracy, stability"),
+    "bench": ("ssdmpi.bench",
+              "benchmarks: engine, comm, train, model, accuracy, stability; report renders BENCHMARKS.md"),
     "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),
     "info": ("ssdmpi.info", "versions, MPI library and thread level, array backend, CUDA-awareness"),
     "ckpt": ("ssdmpi.checkpoint_cli", "inspect and verify checkpoints"),
@@ -37,15 +38,42 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but in a multi-rank job only rank 0 prints usage errors (every rank exits 2)."""
+    """argparse for every ``ssdmpi`` command and subcommand.
+
+    - bad input is one line, ``ssdmpi train: error: WHAT; see ssdmpi train --help``, exit 2
+      (no usage block), from the subcommand that got it; an unknown flag close to a known one
+      adds ``did you mean --epochs?``;
+    - no abbreviations: ``--epoch 5`` is an unknown flag, not ``--epochs 5``;
+    - a ``UserError`` raised by a type function (``--bucket-size 4X``) is reported like
+      argparse's own errors (argparse itself only catches ``ArgumentTypeError``/``ValueError``);
+    - in a multi-rank job only rank 0 prints (every rank exits 2).
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse's, but strict: an unknown argument is an error of the (sub)command that
+        got it, so the message names that command and its ``--help``."""
+        try:
+            namespace, extras = super().parse_known_args(args, namespace)
+        except UserError as exc:
+            self.error(str(exc))
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments: "):
+            known = [o for action in self._actions for o in action.option_strings]
+            message += "".join(did_you_mean(word.partition("=")[0], known)
+                               for word in message.split()[2:] if word.startswith("--"))
+        self.exit(USAGE_EXIT, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
     def _print_message(self, message, file=None):
         if world_rank_size()[0] == 0:
             super()._print_message(message, file)
-
-
-def _not_implemented(args) -> int:
-    raise UserError(f"'ssdmpi {args.command}' is not implemented yet")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,10 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name) if importlib.util.find_spec(module_name) else None
-        if module is None or not hasattr(module, "add_arguments"):
-            p.set_defaults(run=_not_implemented)
-            continue
+        module = importlib.import_module(module_name)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser

@@ -31,7 +31,9 @@ from ssdmpi.algos.auto_delay import DELAY_RANGE
 from ssdmpi.algos.config import (
     ALGOS,
     ASGD_ORDERS,
+    ASGD_RATES,
     COMMS,
+    DEFAULT_ASGD_RATE,
     DEFAULT_COMM,
     DEFAULT_DELAY,
     DEFAULT_GLU_DIVISOR,
@@ -42,6 +44,7 @@ from ssdmpi.algos.config import (
     default_period_rule,
     period_rules,
 )
+from ssdmpi.algos.overlap import DEFAULT_BUCKET_BYTES
 from ssdmpi.comm.progress import DEFAULTS as PROGRESS_DEFAULTS
 from ssdmpi.comm.progress import PROGRESS
 from ssdmpi.comm.transport import TRANSPORTS
@@ -49,7 +52,7 @@ from ssdmpi.data.names import DATASETS
 from ssdmpi.errors import UserError
 from ssdmpi.optim.local import LOCAL_UPDATES
 from ssdmpi.parsing import parse_list, parse_size
-from ssdmpi.validate import choice, flag_name, is_int, nonnegative_int, number, positive_int
+from ssdmpi.validate import choice, did_you_mean, flag_name, is_int, nonnegative_int, number, positive_int
 
 # The choices this module owns (the others are imported from the modules that implement them).
 DEVICES = ("auto", "cpu", "gpu")
@@ -59,6 +62,12 @@ DTYPES = ("float32", "float64")
 # run must not change them (the checkpoint would not fit, or "continue" would be a lie).
 STRUCTURAL = ("dataset", "model", "widths", "dtype", "batch_size", "algo", "delay", "comm",
               "local_update", "period_rule", "merge_delay", "seed", "servers")
+# Settings that replace each other (the first one set wins), checked as a pair on resume:
+# the SSGD warm-up's length, and the run's length (``steps`` wins over ``epochs``).
+WARMUP = ("warmup_steps", "warmup_epochs")
+RUN_LENGTH = ("steps", "epochs")
+# Learning-rate schedules whose every value depends on the run's length.
+LENGTH_SCHEDULES = ("cosine", "poly")
 
 
 @dataclass
@@ -99,6 +108,7 @@ class TrainConfig:
     merge_delay: int | None = None     # d of --period-rule delta-merge
     servers: int | None = None         # asgd: parameter-server ranks (the last ones)
     asgd_order: str | None = None      # asgd: arrival | round-robin
+    asgd_rate: str | None = None       # asgd: plain | staleness
     # runtime
     device: str = "auto"
     threads: int | None = None         # BLAS/OpenMP threads per rank (None: chosen per node, comm/node.py)
@@ -110,7 +120,7 @@ class TrainConfig:
     # run directory, checkpoints, logging
     run_dir: str | None = None         # None: runs/<timestamp>-<algo> under the current directory
     checkpoint_every: int = 0          # steps (0: only at epoch ends and at the end)
-    keep_checkpoints: int = 3          # keep the newest N checkpoint files (0: keep all)
+    keep_checkpoints: int = 3          # keep the newest N checkpoints, plus best and last (0: keep all)
     eval_every: int = 1                # epochs (0: only at the end)
     log_every: int = 10                # steps between metrics lines (and signal checks)
     seed: int = 0
@@ -130,6 +140,8 @@ class TrainConfig:
             positive_int("servers", self.servers)
         if self.asgd_order is not None:
             choice("asgd-order", self.asgd_order, ASGD_ORDERS)
+        if self.asgd_rate is not None:
+            choice("asgd-rate", self.asgd_rate, ASGD_RATES)
         choice("device", self.device, DEVICES)
         if self.threads is not None:
             positive_int("threads", self.threads)
@@ -286,6 +298,16 @@ def _widths(text: str) -> list:
     return parse_list(text, "--widths", int, minimum=1, example="256,128")
 
 
+def _size(text: str) -> int:
+    """``--bucket-size``'s type: bytes, or argparse's error naming the flag."""
+    import argparse
+
+    try:
+        return parse_size(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _show(value) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
@@ -300,6 +322,7 @@ def _algorithm_defaults() -> dict:
         "comm": f"{DEFAULT_COMM} (ssd's; odsgd: step)",
         "servers": f"{DEFAULT_SERVERS} with --algo asgd",
         "asgd_order": f"{ASGD_ORDERS[0]} with --algo asgd",
+        "asgd_rate": f"{DEFAULT_ASGD_RATE} with --algo asgd",
         "period_rule": f"{default_period_rule()}",
         "merge_delay": f"{DEFAULT_MERGE_DELAY} with --period-rule delta-merge; with --delay auto chosen with k",
         "local_update": f"{DEFAULT_LOCAL_UPDATE}, where the schedule uses one",
@@ -308,10 +331,11 @@ def _algorithm_defaults() -> dict:
         "glu_divisor": f"{DEFAULT_GLU_DIVISOR:g}",
         "warmup_steps": "0",
         "widths": "the model's own",
-        "run_dir": "runs/<timestamp>-<algo>",
+        "run_dir": "runs/<timestamp>-<algo>, -2, -3, ... if taken",
         "data_path": "the dataset's usual places",
         "steps": "--epochs decides",
-        "bucket_size": "one fused buffer",
+        "bucket_size": f"one fused buffer; the gradient's during the backward pass in buckets of "
+                       f"{DEFAULT_BUCKET_BYTES // 2**20}M (PyTorch DDP's)",
         "warmup_epochs": "unset, --warmup-steps decides",
         "stop_at_step": "never",
         "threads": "usable CPUs on the node // ranks on it, unless OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or "
@@ -352,6 +376,7 @@ _APPLIES_TO = {
     "glu_divisor": "--local-update glu-paper",
     "servers": "--algo asgd",
     "asgd_order": "--algo asgd",
+    "asgd_rate": "--algo asgd",
 }
 
 
@@ -362,19 +387,27 @@ def _algo_values(cfg: TrainConfig) -> dict:
                 period_rule=cfg.period_rule, merge_delay=cfg.merge_delay, local_update=cfg.local_update,
                 local_lr=cfg.local_lr,
                 local_lr_schedule=None if cfg.local_lr_schedule is None else "constant",
-                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order)
+                glu_divisor=cfg.glu_divisor, servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
+
+
+def _resolved_algo(cfg: TrainConfig) -> AlgoConfig | None:
+    """``cfg``'s algorithm settings resolved without the data (None if they do not validate; a
+    stand-in local lr where its default needs the world size)."""
+    values = _algo_values(cfg)
+    try:
+        try:
+            return AlgoConfig(**values).validate(None)
+        except ValueError:       # the default local lr needs the world size; any stand-in will do here
+            return AlgoConfig(**dict(values, local_lr=cfg.lr)).validate(None)
+    except UserError:
+        return None
 
 
 def _algorithm_comments(cfg: TrainConfig) -> dict:
     """``{setting: comment}`` for the algorithm settings ``cfg`` leaves unset: the value its
     ``--algo`` resolves them to, or that this run does not use them (``_APPLIES_TO``)."""
-    values = _algo_values(cfg)
-    try:
-        try:
-            resolved = AlgoConfig(**values).validate(None)
-        except ValueError:       # the default local lr needs the world size; any stand-in will do here
-            resolved = AlgoConfig(**dict(values, local_lr=cfg.lr)).validate(None)
-    except UserError:
+    resolved = _resolved_algo(cfg)
+    if resolved is None:
         return {}
     out = {}
     for key, where in _APPLIES_TO.items():
@@ -389,19 +422,36 @@ def _algorithm_comments(cfg: TrainConfig) -> dict:
     return out
 
 
+def as_recorded(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` as the run will record it in config.yaml (``resolved_settings``), resolved without
+    the data: the algorithm's defaults written in (``--print-config`` prints this)."""
+    resolved = _resolved_algo(cfg)
+    if resolved is None:
+        return cfg
+    out = dataclasses.replace(cfg)
+    for key in RESOLVED_BY_ALGO:
+        setattr(out, key, getattr(resolved, key))
+    if out.warmup_epochs is None:
+        out.warmup_steps = int(cfg.warmup_steps or 0)
+    return out
+
+
 def annotated_yaml(cfg: TrainConfig) -> str:
-    """``cfg.to_yaml()`` with a comment after each setting left unset (``null``) saying what a
-    run gets instead (``default_help``; for the algorithm's settings, what ``--algo`` resolves
-    them to, or that they do not apply to it). Valid as a ``--config`` file."""
+    """The settings a run of ``cfg`` uses, as YAML valid as a ``--config`` file: ``as_recorded(cfg)``
+    (what config.yaml will say), with a comment after each setting the algorithm chose (its
+    default for ``--algo``) and after each left unset (``null``) saying what a run gets instead
+    (``default_help``), or that this run does not use it."""
     presets = {p: load_preset(p) for p in list_presets()}
     lines = ["# ssdmpi train: resolved settings (defaults < preset < --config file < flags)"]
     comments = _algorithm_comments(cfg)
-    for line in cfg.to_yaml().splitlines():
+    for line in as_recorded(cfg).to_yaml().splitlines():
         key, sep, value = line.partition(": ")
         if sep and value == "null" and key in FIELD_NAMES:
             text = ("default: the model's own" if key == "widths" else comments[key] if key in comments
                     else default_help(key, presets).split("; set by preset")[0].split("; preset ")[0])
             line += f"   # {text}"
+        elif sep and key in comments and comments[key].startswith("default: "):
+            line += f"   # the default for --algo {cfg.algo}"
         lines.append(line)
     if cfg.run_dir is None:
         lines.append(f"# run_dir: {default_help('run_dir', presets)}")
@@ -468,6 +518,8 @@ _FLAGS = {
         ("servers", {"type": int, "metavar": "S"}, "asgd: parameter-server ranks (the last S ranks)"),
         ("asgd_order", {"choices_help": ASGD_ORDERS},
          "asgd: apply pushes as they arrive, or in worker order (deterministic, for tests)"),
+        ("asgd_rate", {"choices_help": ASGD_RATES},
+         "asgd: the lr of each push: the global lr, or the global lr / (1 + the push's staleness)"),
     ],
     "runtime": [
         ("device", {"choices_help": DEVICES}, "array backend"),
@@ -477,8 +529,9 @@ _FLAGS = {
          "who drives nonblocking allreduces: {choices}; auto = "
          + ", ".join(f"{k}: {v}" for k, v in PROGRESS_DEFAULTS.items())),
         ("transport", {"choices_help": TRANSPORTS}, "how GPU buffers reach MPI"),
-        ("bucket_size", {"type": parse_size, "metavar": "SIZE"},
-         "split each allreduce into pieces of SIZE bytes (e.g. 4M; K, M, G are powers of 1024)"),
+        ("bucket_size", {"type": _size, "metavar": "SIZE"},
+         "split each allreduce into pieces of SIZE bytes, and post the gradient's during the backward "
+         "pass in buckets of at least SIZE, layer by layer (e.g. 4M; K, M, G are powers of 1024)"),
         ("stall_timeout", {"type": float, "metavar": "SEC"}, "abort the job when one wait lasts longer than this"),
         ("seed", {"type": int}, "seed of initialisation, data order, augmentation"),
     ],
@@ -486,7 +539,7 @@ _FLAGS = {
         ("run_dir", {"metavar": "DIR"}, "run directory"),
         ("checkpoint_every", {"type": int, "metavar": "STEPS"},
          "checkpoint every N steps, besides each epoch's end and the end (0: only those)"),
-        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints (0: all)"),
+        ("keep_checkpoints", {"type": int, "metavar": "N"}, "keep the newest N checkpoints and best, last (0: all)"),
         ("eval_every", {"type": int, "metavar": "EPOCHS"}, "evaluate every N epochs (0: at the end only)"),
         ("log_every", {"type": int, "metavar": "STEPS"}, "metrics line every N steps"),
         ("stop_at_step", {"type": int, "metavar": "N"},
@@ -595,13 +648,17 @@ def _normalise(data: dict, where: str) -> dict:
         if name == "no_progress_bar":
             name, value = "progress_bar", not value
         if name not in FIELD_NAMES:
-            raise UserError(f"{where}: unknown setting {key!r} (see ssdmpi train --help for the settings)")
+            raise UserError(f"{where}: unknown setting {key!r}{did_you_mean(name, FIELD_NAMES)}; "
+                            "see ssdmpi train --help for the settings")
         if name == "widths" and isinstance(value, str):
             value = _widths(value)
         if name == "widths" and is_int(value):
             value = [value]
         if name == "bucket_size" and isinstance(value, str):
-            value = parse_size(value)
+            try:
+                value = parse_size(value)
+            except UserError as exc:
+                raise UserError(f"{where}: bucket_size: {exc}") from None
         if is_int(value) and \
                 isinstance(getattr(TrainConfig, name, None), float):
             value = float(value)
@@ -644,6 +701,9 @@ def build(settings: dict) -> TrainConfig:
 
 ALGO_SETTINGS = ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "local_lr",
                  "local_lr_schedule", "glu_divisor")
+# The settings a run records as its algorithm resolved them (config.yaml, checkpoints; ``resolved_settings``).
+RESOLVED_BY_ALGO = ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "glu_divisor",
+                    "servers", "asgd_order", "asgd_rate")
 # A resumed run does not take these from the checkpoint (threads and GPU belong to the machine, not the run).
 NOT_INHERITED = ("run_dir", "stop_at_step", "progress_bar", "threads", "gpu_id")
 
@@ -681,12 +741,42 @@ def soft_settings(args, resuming: bool = False) -> set:
 
 
 def check_resume(old: dict, cfg: TrainConfig) -> None:
-    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config."""
+    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config, if
+    the SSGD warm-up changed (the switch to the delay stage cannot move: resumed past a new
+    switch point the run would stay SSGD, or count its local steps from a negative ``m``), or
+    if the run's length changed under a schedule that depends on it (``cosine``, ``poly``: the
+    lr would jump at the resume point and the run would match neither length's run)."""
     old = _normalise(dict(old), "checkpoint config")
     for name in STRUCTURAL:
         if name in old and old[name] != getattr(cfg, name):
             raise UserError(f"the checkpoint was trained with {flag_name(name)}={old[name]!r} but this run asks for "
                             f"{getattr(cfg, name)!r}; drop that setting or start a new run directory")
+    was, now = _first_set(old, WARMUP), _first_set(cfg.to_dict(), WARMUP)
+    if was != now:
+        raise UserError(f"the checkpoint was trained with {_as_flag(*was)} but this run asks for {_as_flag(*now)}: a "
+                        "resumed run cannot move the switch from the SSGD warm-up to the delay stage; drop that "
+                        "setting or start a new run directory")
+    was, now = _first_set(old, RUN_LENGTH), _first_set(cfg.to_dict(), RUN_LENGTH)
+    for name in ("lr_schedule", "local_lr_schedule"):
+        spec = getattr(cfg, name)
+        if was != now and spec is not None and old.get(name) == spec and parse_schedule(spec)[0] in LENGTH_SCHEDULES:
+            raise UserError(f"--{flag_name(name)} {spec} spreads its decay over the whole run: the checkpoint was "
+                            f"trained for {_as_flag(*was)}, and resuming it for {_as_flag(*now)} would make the lr "
+                            f"jump at the resume point (matching neither run); keep {_as_flag(*was)}, or train for "
+                            f"{_as_flag(*now)} from the start in a new run directory")
+
+
+def _first_set(settings: dict, names: tuple) -> tuple:
+    """``(name, value)`` of the first of ``names`` set in ``settings`` (they replace each other),
+    ``(names[0], None)`` when none is."""
+    for name in names:
+        if settings.get(name) is not None:
+            return name, settings[name]
+    return names[0], None
+
+
+def _as_flag(name: str, value) -> str:
+    return f"--{flag_name(name)} {_show(value)}" if value is not None else f"no --{flag_name(name)}"
 
 
 def changed_settings(old: dict, cfg: TrainConfig) -> list:
@@ -738,7 +828,7 @@ def algo_config(cfg: TrainConfig, soft: set, steps_per_epoch: int, total_steps: 
         local_lr_schedule=None if cfg.local_lr_schedule is None
         else schedule_in_steps(cfg.local_lr_schedule, steps_per_epoch),
         momentum=cfg.momentum, weight_decay=cfg.weight_decay, glu_divisor=cfg.glu_divisor,
-        servers=cfg.servers, asgd_order=cfg.asgd_order)
+        servers=cfg.servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate)
     droppable = [k for k in ALGO_SETTINGS if k in soft]
     try:
         return AlgoConfig(**values).validate(world_size)
@@ -779,8 +869,7 @@ def applicable(cfg: TrainConfig, soft: set) -> TrainConfig:
 def resolved_settings(cfg: TrainConfig, algo_cfg: AlgoConfig) -> TrainConfig:
     """A copy of ``cfg`` with the algorithm's resolved defaults written in (what config.yaml records)."""
     out = dataclasses.replace(cfg)
-    for key in ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "glu_divisor", "servers",
-                "asgd_order"):
+    for key in RESOLVED_BY_ALGO:
         setattr(out, key, getattr(algo_cfg, key))
     if out.warmup_epochs is None:
         out.warmup_steps = int(algo_cfg.warmup_steps)
@@ -795,7 +884,7 @@ def data_ranks(cfg: TrainConfig, world_size: int) -> int:
     from ssdmpi.algos.asgd import worker_count
 
     servers = cfg.servers if cfg.servers is not None else DEFAULT_SERVERS
-    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order).validate(world_size)
+    AlgoConfig(algo="asgd", servers=servers, asgd_order=cfg.asgd_order, asgd_rate=cfg.asgd_rate).validate(world_size)
     return worker_count(world_size, servers)
 
 

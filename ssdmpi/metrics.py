@@ -22,8 +22,12 @@ run appends to the same file). Two kinds of record:
     stage test_acc_local, test_loss_local (rank 0's local model L)
 
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
-placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (path,
-reason), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
+placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (when one
+is committed: its step, path, reason, ``bytes`` and ``bytes_per_rank`` written, ``copy_s``,
+``stall_s`` (the longest a rank's training waited for it), ``write_s`` (the longest writer
+thread), ``background``: ssdmpi/checkpoint/writer.py), ``resize`` (resumed on another number of
+ranks: ``from_ranks``, ``to_ranks``, ``batch_size`` per rank before and after, ``merged``:
+ssdmpi/algos/resize.py), ``stop`` (why the run stopped early, its exit code and, unless it diverged, the
 checkpoint to resume from), ``delay`` (``--delay auto`` chose ``delay`` = k at ``step`` from the
 warm-up's ``compute_s``, ``allreduce_s`` and ``update_s`` and the probed ``allreduce_cpu_s``:
 ``ssdmpi/algos/auto_delay.py``). ``ssdmpi plot`` reads these
@@ -90,10 +94,6 @@ class Progress:
 
             self._bar = tqdm(total=total, initial=initial, file=sys.stderr, unit="step",
                              dynamic_ncols=True, leave=True)
-
-    @property
-    def is_bar(self) -> bool:
-        return self._bar is not None
 
     def update(self, step: int, fields: dict) -> None:
         if not self.enabled:
@@ -163,6 +163,11 @@ def _fmt(key: str, v) -> str:
     return f"{key} {v}"
 
 
+def counted(n: int, noun: str) -> str:
+    """``"1 rank"``, ``"4 ranks"``: ``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_duration(seconds: float) -> str:
     seconds = float(seconds)
     if seconds < 120:
@@ -182,7 +187,7 @@ def write_summary(run_dir: str, summary: dict) -> tuple[str, str]:
 
 def summary_text(s: dict) -> str:
     """The human summary printed at the end of ``ssdmpi train``."""
-    lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {s.get('world_size')} ranks, "
+    lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {counted(s.get('world_size'), 'rank')}, "
              f"model {s.get('model')} ({s.get('num_params')} parameters), dataset {s.get('dataset')}"]
     lines.append(f"  steps {s.get('step')} ({s.get('epoch', 0):.2f} epochs), wall time "
                  f"{format_duration(s.get('time', 0.0))}, {s.get('samples_per_s', 0.0):.0f} samples/s")
@@ -205,6 +210,9 @@ def summary_text(s: dict) -> str:
     lines += _breakdown_lines(s)
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")
+    for resize in s.get("resized") or []:
+        lines.append(f"  resumed at step {resize['step']} on another number of ranks ({resize['from_ranks']} -> "
+                     f"{resize['to_ranks']}): {resize['merged']}")
     if s.get("checkpoint"):
         lines.append(f"  last checkpoint: {s['checkpoint']}")
     lines.append(f"  run directory: {s.get('run_dir')}")

@@ -24,7 +24,7 @@ def parse_size(text) -> int:
     except ValueError:
         raise UserError(f"cannot read size {text!r}; write e.g. 64K, 4M or a number of bytes") from None
     if value < 0:
-        raise UserError(f"size {text!r} is negative")
+        raise UserError(f"size {text!r} is negative; write e.g. 64K, 4M or a number of bytes")
     return value
 
 

@@ -4,9 +4,12 @@ Figures (each written only when the runs hold the data it needs):
 
 | file | what |
 |---|---|
-| ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
-| ``accuracy_vs_epoch.png`` | test accuracy of ``W`` vs epoch |
+| ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` (solid) and of rank 0's local model ``L`` (dashed, in the delay stage) vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
+| ``accuracy_vs_epoch.png`` | test accuracy of ``W`` and ``L`` vs epoch |
 | ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
+
+The accuracy figures and the training loss mark where each run's SSGD warm-up ends (the
+switch to the delay stage) with a dash-dotted vertical line in the run's color.
 | ``step_breakdown.png`` | each run's steady-state step split into its phases (forward+backward, update, data, exposed wait, progress calls, other; ``ssdmpi/phases.py``), ms per step |
 | ``throughput_vs_k.png`` | steady-state samples/s (``Run.throughput``) vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
 
@@ -184,6 +187,22 @@ class Run:
             return as_fraction(get(self.evals[-1], "test_acc"))
         return as_fraction(get(self.summary, "test_acc"))
 
+    def warmup_end(self, x: str):
+        """Where the SSGD warm-up ends and the delay stage begins, on axis ``x`` (``step``,
+        ``epoch`` or ``train_time``, the last interpolated between step records); None for a run
+        without one (ssgd, no warm-up steps) or that never left it."""
+        warmup = number(self.setting("warmup_steps")) if self.algo != "ssgd" else None
+        left = any(str(get(r, "stage", "")).lower() not in WARMUP_STAGES + ("",) for r in self.steps + self.evals)
+        if not warmup or warmup <= 0 or not left:
+            return None
+        if x == "step":
+            return warmup
+        points = [(0.0, 0.0)] + list(zip(*self.series(self.steps, "step", x)))
+        for (s0, v0), (s1, v1) in zip(points, points[1:]):
+            if s0 <= warmup <= s1 and s1 > s0:
+                return v0 + (warmup - s0) / (s1 - s0) * (v1 - v0)
+        return None
+
     def time_to_accuracy(self, target: float):
         """Training seconds (``train_time``) of the first evaluation with test accuracy >= ``target``
         (a fraction), else None."""
@@ -347,24 +366,50 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+WARMUP_END = "end of the SSGD warm-up"   # the legend entry of the dash-dotted vertical lines
+
+
+def _mark_warmup_end(ax, run, x: str, color) -> bool:
+    """A dash-dotted vertical line in ``color`` where ``run``'s warm-up ends on axis ``x``; whether one was drawn."""
+    at = run.warmup_end(x)
+    if at is None:
+        return False
+    ax.axvline(at, color=color, linestyle="-.", linewidth=1, label="_" + WARMUP_END)
+    return True
+
+
+def _warmup_legend_entry(ax) -> None:
+    """One legend entry for every warm-up line (a gray dash-dotted sample)."""
+    ax.plot([], [], color="gray", linestyle="-.", linewidth=1, label=WARMUP_END)
+
+
 def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
+    """Test accuracy of ``W`` (solid) and of rank 0's local model ``L`` (dashed, the same color;
+    in the delay stage) on axis ``x``; a dash-dotted line where each run's warm-up ends."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    drawn = 0
+    drawn = marked = 0
     for run, label in zip(runs, legend_labels(runs)):
         xs, ys = run.series(run.evals, x, "test_acc")
         if not xs:
             continue
-        ax.plot(xs, [100 * as_fraction(y) for y in ys], marker="o", markersize=3, label=label)
+        (line,) = ax.plot(xs, [100 * as_fraction(y) for y in ys], marker="o", markersize=3, label=f"{label}: W")
+        lx, ly = run.series(run.evals, x, "local_acc")
+        if lx:
+            ax.plot(lx, [100 * as_fraction(y) for y in ly], color=line.get_color(), linestyle="--", marker="x",
+                    markersize=3, linewidth=1, label=f"{label}: rank 0's L")
+        marked += _mark_warmup_end(ax, run, x, line.get_color())
         drawn += 1
     if not drawn:
         plt.close(fig)
         return None
+    if marked:
+        _warmup_legend_entry(ax)
     target = next((run.final_accuracy() for run in runs if run.algo == "ssgd" and run.final_accuracy()), None)
     if target is not None:
         ax.axhline(100 * target - 0.5, color="gray", linestyle=":", linewidth=1,
                    label="target: ssgd's final - 0.5 point")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy of global model W (%)")
+    ax.set_ylabel("test accuracy (%): global model W, rank 0's local model L")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
@@ -373,11 +418,12 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
 
 def _loss_figure(plt, runs, prefix=""):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    drawn_left = drawn_right = 0
+    drawn_left = drawn_right = marked = 0
     for run, label in zip(runs, legend_labels(runs)):
         xs, ys = run.series(run.steps, "step", "loss")
         if xs:
-            left.plot(xs, ys, linewidth=1, label=label)
+            (line,) = left.plot(xs, ys, linewidth=1, label=label)
+            marked += _mark_warmup_end(left, run, "step", line.get_color())
             drawn_left += 1
         xs, ys = run.series(run.evals, "epoch", "test_loss")
         if xs:
@@ -386,6 +432,8 @@ def _loss_figure(plt, runs, prefix=""):
     if not drawn_left and not drawn_right:
         plt.close(fig)
         return None
+    if marked:
+        _warmup_legend_entry(left)
     left.set_xlabel("step")
     left.set_ylabel("training loss (mean over ranks and log interval)")
     left.set_title(prefix + "Training loss")

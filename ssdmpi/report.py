@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ssdmpi.train import Job
+    from ssdmpi.trainer import Job
 
 
 class Reporter:
@@ -92,15 +92,16 @@ class Reporter:
 def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
     """The line that opens a run: what trains on what, where."""
     from ssdmpi import backend
+    from ssdmpi.metrics import counted
 
     cfg, algo_cfg, model, dataset = job.cfg, job.algo_cfg, job.model, job.dataset
     what = (f"{cfg.algo}" + (f" (k={algo_cfg.delay}, comm {algo_cfg.comm}, warm-up {algo_cfg.warmup_steps} steps)"
                              if cfg.algo in ("ssd", "odsgd") else f" (k={algo_cfg.delay})" if cfg.algo == "localsgd"
-                             else f" ({algo_cfg.servers} server(s), {job.workers} worker(s), order "
+                             else f" ({counted(algo_cfg.servers, 'server')}, {counted(job.workers, 'worker')}, order "
                                   f"{algo_cfg.asgd_order}, warm-up {algo_cfg.warmup_steps} steps)"
                              if cfg.algo == "asgd" else ""))
     per = "worker" if job.workers < size else "rank"
-    return (f"ssdmpi train: {what} on {size} ranks, model {cfg.model} ({model.params.size} parameters, "
+    return (f"ssdmpi train: {what} on {counted(size, 'rank')}, model {cfg.model} ({model.params.size} parameters, "
             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
             f"batch {cfg.batch_size} per {per}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
             f"run directory {cfg.run_dir}"

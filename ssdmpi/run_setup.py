@@ -5,8 +5,9 @@ algorithm's settings, and the run directory.
 checkpoint) and returns ``(cfg, soft, ckpt_path, ckpt_meta, created)``; the trainer broadcasts
 it. ``resolve_run`` is the same without touching the run directory (``--print-config``).
 The TrainConfig becomes the algorithm's settings in the config layer
-(``config.algo_config``, ``config.resolved_settings``). ``prepare_run_dir``, ``remove_created``
-and ``trim_metrics`` look after the run directory (rank 0).
+(``config.algo_config``, ``config.resolved_settings``). ``claim_run_dir`` (a new default
+directory, unique even for runs started in the same second), ``prepare_run_dir``,
+``remove_created`` and ``trim_metrics`` look after the run directory (rank 0).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ def resolve_run(args, world_size: int | None):
     """Rank 0: ``(cfg, soft, ckpt_path, ckpt_meta)`` for ``ssdmpi train ARGS`` on ``world_size`` ranks.
 
     Resolves ``--resume`` (``auto``: the newest checkpoint that verifies in the run
-    directory), checks the checkpoint fits the job (``world_size`` None: not checked),
-    resolves the configuration over the checkpoint's and picks the run directory (creates
-    nothing). ``soft``: the settings that came from a preset, not from the user (they may
-    be dropped where they do not apply).
+    directory), resolves the configuration over the checkpoint's, fits it to ``world_size``
+    ranks (``fit_world``; None: not checked) and finds the run directory: given, or the
+    resumed checkpoint's; None for a new default one (``configure`` claims it). Creates nothing.
+    ``soft``: the settings that came from a preset, not from the user (they may be dropped
+    where they do not apply).
     """
     from ssdmpi import checkpoint
     from ssdmpi import config as configuration
@@ -40,18 +42,46 @@ def resolve_run(args, world_size: int | None):
         ckpt_path = checkpoint.resolve_path(resume)
     if ckpt_path is not None:
         ckpt_meta = checkpoint.read_meta(ckpt_path)
-        if world_size is not None:
-            checkpoint.check_compatible(ckpt_meta, world_size, ckpt_meta.get("model"))
     cfg = configuration.resolve(args, None if ckpt_meta is None else ckpt_meta.get("config"))
+    if ckpt_meta is not None and world_size is not None:
+        fit_world(cfg, ckpt_meta, world_size, "batch_size" in configuration.from_flags(args))
     if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
         if ckpt_path is not None and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
             cfg.run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
-        elif cfg.run_dir is None and world_size is not None:
-            cfg.run_dir = configuration.default_run_dir(cfg)
     soft = configuration.soft_settings(args, ckpt_meta is not None)
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
     return cfg, soft, ckpt_path, ckpt_meta
+
+
+def fit_world(cfg, meta: dict, world_size: int, batch_given: bool) -> None:
+    """Resuming on another number of ranks than the checkpoint's: the global batch stays the same
+    (so do the steps per epoch, the schedules and the data each step sees), split over the new
+    ranks: ``cfg.batch_size`` and the checkpoint's config (``meta["config"]``, what the structural
+    check compares with) become ``global batch / new ranks``. ``UserError`` (one line) when it does
+    not divide, for format-1 checkpoints, and for a ``--batch-size`` (``batch_given``) that is neither
+    the checkpoint's (the same command line, requeued on fewer nodes) nor the new one."""
+    from ssdmpi import config as configuration
+
+    old = int(meta.get("world_size", world_size))
+    if old == world_size:
+        return
+    if int(meta.get("format_version", 1)) < 2:
+        raise UserError(f"the checkpoint was written by {old} ranks in format 1, which resumes only on as many; "
+                        f"resume with mpiexec -n {old}")
+    old_ranks, new_ranks = configuration.data_ranks(cfg, old), configuration.data_ranks(cfg, world_size)
+    per_rank = int(meta["config"]["batch_size"])
+    total = per_rank * old_ranks
+    if total % new_ranks:
+        counts = ", ".join(str(n) for n in range(1, total + 1) if total % n == 0 and n <= 4 * old_ranks)
+        raise UserError(f"the checkpoint's global batch of {total} samples ({old_ranks} x {per_rank}) cannot be "
+                        f"split evenly over {new_ranks} {'workers' if new_ranks < world_size else 'ranks'}; "
+                        f"resume on a number that divides it ({counts}), e.g. mpiexec -n {old}")
+    if batch_given and cfg.batch_size not in (per_rank, total // new_ranks):
+        raise UserError(f"resuming on {world_size} ranks keeps the global batch of {total} samples, so the batch "
+                        f"size per rank is {total // new_ranks}; drop --batch-size {cfg.batch_size}")
+    cfg.batch_size = total // new_ranks
+    meta["config"] = dict(meta["config"], batch_size=cfg.batch_size)
 
 
 def configure(args, world_size: int):
@@ -65,8 +95,13 @@ def configure(args, world_size: int):
     from ssdmpi.loggers import check_available
 
     check_available(cfg)      # --tensorboard without tensorboardX: say so before anything is written
+    claimed = []
+    if cfg.run_dir is None:
+        from ssdmpi.config import default_run_dir
+
+        cfg.run_dir, claimed = claim_run_dir(default_run_dir(cfg))
     try:
-        created = prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto")
+        created = prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto") + claimed
     except UserError as exc:
         from ssdmpi.config import load_file
 
@@ -75,6 +110,33 @@ def configure(args, world_size: int):
             raise UserError(f"{exc} (run_dir comes from {args.config}: drop it there or pass --run-dir)") from None
         raise
     return cfg, soft, ckpt_path, ckpt_meta, created
+
+
+def claim_run_dir(base: str) -> tuple[str, list]:
+    """A new, empty run directory: ``base``, or ``base-2``, ``base-3``, ... when that is taken.
+
+    Each name is tried with ``os.mkdir``, which fails when the name exists, so runs started in
+    the same second (a shell loop over seeds with ``&``) each get their own directory, whatever
+    the order. Returns ``(path, the directories made)``, deepest first, for ``remove_created``.
+    """
+    made, parent = [], os.path.abspath(os.path.dirname(base) or ".")
+    while not os.path.exists(parent):           # the parents this call makes, deepest first
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+        for n in range(1, 10_000):
+            path = base if n == 1 else f"{base}-{n}"
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            return path, [os.path.abspath(path)] + made
+        raise FileExistsError(f"{base}-2 to {base}-9999 exist")
+    except OSError as exc:
+        remove_created(made)
+        raise UserError(f"cannot create a run directory under {os.path.dirname(base) or '.'}: "
+                        f"{exc.strerror or exc}; choose a writable one with --run-dir") from None
 
 
 def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> list:

@@ -7,6 +7,7 @@ these same helpers, so one setting is checked (and worded) the same way everywhe
 
 from __future__ import annotations
 
+import difflib
 import math
 
 from ssdmpi.errors import UserError
@@ -20,6 +21,12 @@ def flag_name(name: str) -> str:
 def is_int(value) -> bool:
     """True for an ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def did_you_mean(word: str, known) -> str:
+    """``" (did you mean --epochs?)"`` when ``word`` is close to one of ``known``, else ``""``."""
+    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def choice(flag: str, value, choices) -> None:

@@ -62,12 +62,17 @@ def ssdmpi_cmd() -> list:
     return [sys.executable, "-m", "ssdmpi"]
 
 
-def run_cli(args, ranks: int | None = None, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``ssdmpi ARGS`` (under ``mpiexec -n ranks`` if given) with a timeout; capture output."""
+def run_cli(args, ranks: int | None = None, timeout: float = 120, unset=(), **kwargs) -> subprocess.CompletedProcess:
+    """Run ``ssdmpi ARGS`` (under ``mpiexec -n ranks`` if given) with a timeout; capture output.
+
+    The command gets this process's environment without the variables named in ``unset``, then
+    with ``env`` (a mapping) added: a test of what the tool chooses by itself passes
+    ``unset=THREAD_VARIABLES``, so that a caller's exported ``OMP_NUM_THREADS`` cannot leak in.
+    """
     cmd = ssdmpi_cmd() + list(args)
     if ranks is not None:
         cmd = [mpiexec(), "-n", str(ranks)] + cmd
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in set(unset)}
     env.update(kwargs.pop("env", {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=kwargs.pop("cwd", ROOT),
                           env=env, **kwargs)

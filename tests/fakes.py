@@ -25,6 +25,7 @@ class FakeDeviceArray:
     size = property(lambda self: self._host.size)
     nbytes = property(lambda self: self._host.nbytes)
     ndim = property(lambda self: self._host.ndim)
+    shape = property(lambda self: self._host.shape)
     itemsize = property(lambda self: self._host.itemsize)
 
     def __getitem__(self, index):

@@ -98,7 +98,7 @@ def run_stage(name: str, cmd: list[str], timeout: int, env: dict, totals: dict, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--stage", action="append", choices=("unit", "mpi", "slurm", "cluster"),
                         help="run only these stages (default: all)")
     parser.add_argument("--timeout", type=int, default=1500, help="outer timeout per stage, seconds")

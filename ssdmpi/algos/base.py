@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from ssdmpi import backend
-from ssdmpi.algos import auto_delay
+from ssdmpi.algos import auto_delay, resize
+from ssdmpi.algos.overlap import BackwardAllreduce
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
 from ssdmpi.phases import Phases, clock
@@ -62,6 +63,9 @@ class Algorithm:
         self.t = 0
         self.s = 0
         self.phases = Phases()   # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
+        # The gradient allreduce posted bucket by bucket during the backward pass (overlap.py),
+        # in buckets of --bucket-size (the Communicator's bucket_bytes) or DDP's default 25 MiB.
+        self.backward_allreduce = BackwardAllreduce(model, communicator, getattr(communicator, "bucket_bytes", None))
         self._stats = getattr(communicator, "stats", None)
         if self.has_delay_stage and self.T_w == 0:
             self._enter_delay()
@@ -147,17 +151,27 @@ class Algorithm:
                   "algo.dtype": str(self.model.params.dtype)})
         return d
 
-    def state_dict(self) -> dict:
-        """Everything needed to continue bit for bit (drains first). NumPy arrays and plain scalars."""
+    def state_dict(self, copy: bool = True) -> dict:
+        """Everything needed to continue bit for bit (drains first): NumPy copies and plain scalars;
+        ``copy=False``: the live buffers (device arrays on a GPU), valid until the next step."""
         self.drain()
-        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage,
-             "W": backend.to_host(self.W).copy(), "M": backend.to_host(self.M).copy()}
+        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage, "W": self.W, "M": self.M}
         if self.stage == "delay":
-            d["L"] = backend.to_host(self.L).copy()
+            d["L"] = self.L
             d.update(self._delay_state())
         if self.auto:
             d.update(self.delay_choice.state() if self.delay_choice else self._meter.state_dict())
-        return d
+        return resize.host_copies(d) if copy else d
+
+    def replicated(self) -> tuple:
+        """Keys of ``state_dict()`` whose arrays are identical on every rank (a checkpoint stores
+        them once, and resuming on another number of ranks keeps them exactly)."""
+        return ("W", "M") + (self._replicated_delay() if self.stage == "delay" else ())
+
+    def resized_state(self, ctx) -> tuple[dict, str]:
+        """Collective: this rank's ``state_dict()`` from a checkpoint written by another number of
+        ranks, and what was merged (``ssdmpi/algos/resize.py``)."""
+        return resize.averaged(ctx)
 
     def load_state_dict(self, d: dict) -> None:
         """Restore ``state_dict()`` output (this object must have been built with the same config)."""
@@ -188,23 +202,36 @@ class Algorithm:
 
     def _loss_and_grad(self, x, y, sync: bool = False) -> float:
         """``model.loss_and_grad`` timed into ``phases.fb_s`` (without the ``progress()`` calls the
-        model makes between layers); ``sync``: then wait for the device (``backend.synchronize``)."""
-        st = self._stats
-        t0, p0 = clock(), (st.progress_s if st is not None else 0.0)
+        model makes between layers, nor the bucket copies and posts of ``backward_allreduce``);
+        ``sync``: then wait for the device (``backend.synchronize``)."""
+        st, overlap = self._stats, self.backward_allreduce
+        t0, p0, o0 = clock(), (st.progress_s if st is not None else 0.0), overlap.spent_s
         loss = self.model.loss_and_grad(x, y)
         if sync:
             backend.synchronize()
-        self.phases.fb_s += (clock() - t0) - ((st.progress_s - p0) if st is not None else 0.0)
+        self.phases.fb_s += (clock() - t0) - ((st.progress_s - p0) if st is not None else 0.0) \
+            - (overlap.spent_s - o0)
         return loss
 
-    def _ssgd_step(self, x, y) -> float:
-        """ALGORITHM.md 1.1 / section 3: blocking allreduce of the mean gradients, one global update.
+    def _ssgd_step(self, x, y, overlap: bool = True) -> float:
+        """ALGORITHM.md 1.1 / section 3: the allreduce of the mean gradients, one global update.
 
-        The allreduce sums; the global update divides by ``N`` as it reads the sum (the same
-        bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
-        loss = self._loss_and_grad(x, y, sync=True)
+        ``overlap`` (and the gradient makes more than one bucket): the allreduce is posted bucket
+        by bucket during the backward pass (``backward_allreduce``, ssdmpi/algos/overlap.py) and
+        waited for before the update; else one blocking allreduce after the backward (one bucket
+        would be posted after the backward anyway). The same bits either way (overlap.py says
+        when). The allreduce sums; the global update divides by ``N`` as it reads the sum (the
+        same bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
         G = self.model.grads
-        self.comm.allreduce(G, average=False)     # G/N = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
+        overlap = overlap and len(self.backward_allreduce.buckets) > 1
+        if overlap:
+            self.backward_allreduce.start()
+        loss = self._loss_and_grad(x, y, sync=True)
+        if overlap:
+            self.backward_allreduce.finish().wait()
+        else:
+            self.comm.allreduce(G, average=False)
+        # G/N = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
         self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
         self.s += 1
         return loss
@@ -214,9 +241,10 @@ class Algorithm:
         recorded during the step (the loop resets the stats only between steps); the rest of the
         step (forward, backward, the update) is compute, and the update is that less forward and
         backward. On a GPU the update is still running when the step returns: it lands in the next
-        step's compute, before its synchronize."""
+        step's compute, before its synchronize. Without the backward overlap: ``c`` and ``T`` are
+        measured apart (overlapped, each would hide part of the other)."""
         t0, T0, fb0 = time.perf_counter(), self.comm.stats.inflight_s, self.phases.fb_s
-        loss = self._ssgd_step(x, y)
+        loss = self._ssgd_step(x, y, overlap=False)
         T = self.comm.stats.inflight_s - T0
         c = time.perf_counter() - t0 - T
         self._meter.add(c, T, c - (self.phases.fb_s - fb0))
@@ -257,9 +285,6 @@ class Algorithm:
         """Learning rate of the local step at iteration ``t`` (subclasses that use ``local_lr`` override)."""
         return self.schedule(t)
 
-    def _host(self, a):
-        return backend.to_host(a).copy()
-
     def _dev(self, a):
         return self.xp.asarray(a)
 
@@ -273,6 +298,9 @@ class Algorithm:
     def _delay_state(self) -> dict:
         return {}
 
+    def _replicated_delay(self) -> tuple:
+        return ()
+
     def _load_delay_state(self, d: dict) -> None:
         pass
 
@@ -281,7 +309,8 @@ class Algorithm:
 
 
 class SSGD(Algorithm):
-    """``--algo ssgd``: the warm-up forever (blocking allreduce and one global update per step)."""
+    """``--algo ssgd``: the warm-up forever (one allreduce, overlapped with the backward pass, and one
+    global update per step)."""
 
     name = "ssgd"
     has_delay_stage = False

@@ -19,6 +19,9 @@ from ssdmpi.validate import choice, is_int, nonnegative_int, number
 ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")
 COMMS = ("step", "period")
 ASGD_ORDERS = ("arrival", "round-robin")   # asgd: pushes applied as they arrive, or in worker order (tests)
+# asgd: the lr of each push: the global lr, or the global lr / (1 + the push's staleness) (ALGORITHM.md 11)
+ASGD_RATES = ("plain", "staleness")
+DEFAULT_ASGD_RATE = "staleness"
 DEFAULT_SERVERS = 1
 # The sparsified schedule is the default: its rule delta-merge (docs/PERIOD_RULE.md) keeps W
 # within a point of SSGD on the reference tasks at k = 5 and 10 (docs/ACCURACY.md).
@@ -72,6 +75,7 @@ class AlgoConfig:
     glu_divisor: float | None = None      # C (glu-paper); None: 12
     servers: int | None = None            # asgd: parameter-server ranks (the last ones); None: 1
     asgd_order: str | None = None         # asgd: arrival | round-robin; None: arrival
+    asgd_rate: str | None = None          # asgd: plain | staleness; None: DEFAULT_ASGD_RATE
 
     # --- what each algorithm uses -----------------------------------------------------
 
@@ -101,7 +105,7 @@ class AlgoConfig:
                             f"or auto, got {self.delay!r}")
         if self.comm is not None:
             choice("comm", self.comm, COMMS)
-        if a == "asgd" or self.servers is not None or self.asgd_order is not None:
+        if a == "asgd" or self.servers is not None or self.asgd_order is not None or self.asgd_rate is not None:
             return self._validate_asgd(world_size)
         if a == "ssgd" and self.delay is not None:
             raise UserError("--delay does not apply to --algo ssgd (blocking allreduce every step); drop it")
@@ -162,8 +166,8 @@ class AlgoConfig:
     def _validate_asgd(self, world_size: int | None) -> AlgoConfig:
         """``--algo asgd`` (docs/ALGORITHM.md section 11): only the global optimizer's settings apply."""
         if self.algo != "asgd":
-            flag = "--servers" if self.servers is not None else "--asgd-order"
-            raise UserError(f"{flag} applies only to --algo asgd; drop it")
+            flag = next(name for name in ("servers", "asgd_order", "asgd_rate") if getattr(self, name) is not None)
+            raise UserError(f"--{flag.replace('_', '-')} applies only to --algo asgd; drop it")
         for name in ("delay", "delay_max", "comm", "period_rule", "merge_delay", "local_update", "local_lr",
                      "local_lr_schedule", "glu_divisor"):
             if getattr(self, name) is not None:
@@ -174,12 +178,15 @@ class AlgoConfig:
             raise UserError(f"--servers must be an integer >= 1 (parameter-server ranks), got {servers!r}")
         if self.asgd_order is not None:
             choice("asgd-order", self.asgd_order, ASGD_ORDERS)
+        if self.asgd_rate is not None:
+            choice("asgd-rate", self.asgd_rate, ASGD_RATES)
         if world_size is not None and world_size <= servers:
             raise UserError(f"--algo asgd with --servers {servers} needs at least {servers + 1} ranks (the servers "
                             f"and at least one worker), got {world_size}; run more ranks or use fewer --servers")
         if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
             raise UserError(f"lr warm-up must be an integer number of steps >= 0, got {self.lr_warmup_steps!r}")
-        resolved = dataclasses.replace(self, servers=int(servers), asgd_order=self.asgd_order or ASGD_ORDERS[0])
+        resolved = dataclasses.replace(self, servers=int(servers), asgd_order=self.asgd_order or ASGD_ORDERS[0],
+                                       asgd_rate=self.asgd_rate or DEFAULT_ASGD_RATE)
         resolved.global_schedule()
         return resolved
 

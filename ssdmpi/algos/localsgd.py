@@ -50,7 +50,7 @@ class LocalSGD(Algorithm):
             self.W[...] = self.L
 
     def _delay_state(self) -> dict:
-        return {"V": self._host(self.V)}
+        return {"V": self.V}
 
     def _load_delay_state(self, d: dict) -> None:
         self.V[...] = self._dev(d["V"])

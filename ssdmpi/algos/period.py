@@ -22,6 +22,8 @@ same rule, written independently from the spec, to ``ssdmpi/algos/reference.py``
 
 from __future__ import annotations
 
+from ssdmpi.algos import resize
+
 
 class PeriodRule:
     """Base: the double buffer and the request in flight. ``algo`` is the ``SSDPeriod`` owner.
@@ -86,15 +88,27 @@ class PeriodRule:
         self._handle, self._held = None, False
 
     def state_dict(self) -> dict:
+        """The live buffers: ``acc``, ``has_Rp`` and, when 1, the held mean ``Rp``."""
         d = {"acc": self._acc, "has_Rp": int(self._held)}
         if self._held:
             d["Rp"] = self._other
         return d
 
+    def replicated(self) -> tuple:
+        """Keys of ``state_dict()`` identical on every rank: a held mean is the allreduce's result."""
+        return ("Rp",) if self._held else ()
+
+    @staticmethod
+    def resized(state: dict, k: int) -> str:
+        """Resuming on another number of ranks: change the averaged ``state`` (``resize.averaged``)
+        where this rule needs more; return what was merged ("": nothing more)."""
+        return ""
+
     def load_state_dict(self, d: dict) -> None:
         xp = self.a.xp
         self._handle = None
-        self._acc[...] = xp.asarray(d["acc"])
+        if "acc" in d:
+            self._acc[...] = xp.asarray(d["acc"])
         self._held = bool(int(d["has_Rp"]))
         if self._held:
             self._other[...] = xp.asarray(d["Rp"])
@@ -225,9 +239,16 @@ class DeltaOwn(PeriodRule):
             self.S[...] = a.L
 
     def state_dict(self) -> dict:
+        """``U``, ``S``, the held mean; not ``acc``: ``D = L - S`` overwrites it before it is read."""
         d = super().state_dict()
+        del d["acc"]
         d.update({"U": self.U, "S": self.S})
         return d
+
+    @staticmethod
+    def resized(state: dict, k: int) -> str:
+        """Merge what is in flight into ``W`` and restart the period (``resize.merge_displacements``)."""
+        return resize.merge_displacements(state, k)
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)

@@ -39,7 +39,7 @@ class _SSDBase(Algorithm):
         return self.schedule(t)
 
     def _delay_state(self) -> dict:
-        return {f"local.{k}": self._host(v) for k, v in self.local.state_dict().items()} if self.local else {}
+        return {f"local.{k}": v for k, v in self.local.state_dict().items()} if self.local else {}
 
     def _load_delay_state(self, d: dict) -> None:
         if self.local is not None:
@@ -55,10 +55,13 @@ class SSDStep(_SSDBase):
         if m % k == 0: L <- W                                     (t-1 was a pull iteration)
         L <- local update(L, g_t, m)
 
-    Two gradient buffers alternate: one in flight, one being posted. ``drain()`` waits for
-    the request in flight and applies its global update at once: nothing reads ``W``, ``M``
-    or ``s`` between the end of iteration ``t`` and step 3 of iteration ``t+1``, so draining
-    and continuing is bitwise the same trajectory as not draining.
+    The post of ``g_t`` is bucketed and overlapped with the backward pass that produces it
+    (``backward_allreduce``, ssdmpi/algos/overlap.py: each bucket is copied into buffer t%2 and
+    posted as soon as backward has finished its layers); the wait for ``t-1`` still comes after
+    the last of them, as above. Two gradient buffers alternate: one in flight, one being
+    posted. ``drain()`` waits for the request in flight and applies its global update at once:
+    nothing reads ``W``, ``M`` or ``s`` between the end of iteration ``t`` and step 3 of
+    iteration ``t+1``, so draining and continuing is bitwise the same trajectory as not draining.
     """
 
     def _begin_delay(self) -> None:
@@ -68,13 +71,12 @@ class SSDStep(_SSDBase):
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
+        self.backward_allreduce.start(self._bufs[self.t % 2])   # sums: the global update divides
         loss = self._loss_and_grad(x, y)
         g = self.model.grads
-        buf = self._bufs[self.t % 2]
-        buf[...] = g
-        handle = self.comm.allreduce_start(buf, average=False)   # the sum: the global update divides
+        pending = self.backward_allreduce.finish()
         self._apply_inflight()
-        self._handle = handle
+        self._handle = pending
         if m % self.k == 0:
             self.L[...] = self.W
         self.local.step(self.L, g, m, self._local_lr(self.t))
@@ -152,9 +154,19 @@ class SSDPeriod(_SSDBase):
 
     def _delay_state(self) -> dict:
         d = super()._delay_state()
-        d.update({f"period.{k}": (self._host(v) if hasattr(v, "shape") else v)
-                  for k, v in self.rule.state_dict().items()})
+        d.update({f"period.{k}": v for k, v in self.rule.state_dict().items()})
         return d
+
+    def _replicated_delay(self) -> tuple:
+        return tuple(f"period.{k}" for k in self.rule.replicated())
+
+    def resized_state(self, ctx) -> tuple[dict, str]:
+        """The averaged state (``Algorithm``), then the period rule's own merge (``PeriodRule.resized``)."""
+        state, merged = super().resized_state(ctx)
+        if str(state.get("stage")) == "delay":
+            k = int(state["auto.k"]) if self.auto else self.k
+            merged = PERIOD_RULES[self.config.period_rule].resized(state, k) or merged
+        return state, merged
 
     def _load_delay_state(self, d: dict) -> None:
         super()._load_delay_state(d)

@@ -35,7 +35,8 @@ over the seeds, the difference paired by seed and averaged, and the range over t
 ``mean [mean difference] (min..max)``); with ``--out DIR`` also
 ``DIR/results.csv`` (one row per configuration, appended as each finishes, so an
 interrupted sweep keeps what it did; ``--resume`` skips configurations already there)
-and ``DIR/results.md`` (the table, rewritten after each configuration).
+and ``DIR/results.md`` (the table) and ``DIR/result.json`` (every row, the command line and the
+machine: ``ssdmpi/bench/result.py``), both rewritten after each configuration.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import os
 import sys
 import time
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import CommaList
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
@@ -338,12 +340,32 @@ def _append_csv(out: str, row: dict) -> None:
         writer.writerow({f: row[f] for f in FIELDS})
 
 
-def _write_md(out: str, text: str) -> None:
-    """Write ``results.md`` through a temporary file, so a reader never sees half of it."""
-    path = os.path.join(out, "results.md")
+def _write_new(out: str, name: str, text: str) -> None:
+    """Write ``out/name`` through a temporary file, so a reader never sees half of it."""
+    path = os.path.join(out, name)
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
+
+
+def _write_results(out: str, report: str, rows: list[dict]) -> None:
+    """``results.md`` (the table) and ``result.json`` (``ssdmpi/bench/result.py``: the command line,
+    the machine and ``rows``, one object per configuration with the ``FIELDS`` and ``diff_vs_ssgd``)."""
+    _write_new(out, "results.md", report)
+    typed = [{key: _typed(value) for key, value in row.items()} for row in rows]
+    _write_new(out, "result.json", result_file.dumps({**result_file.provenance("accuracy"), "rows": typed}))
+
+
+def _typed(value):
+    """A CSV cell read back by ``--resume`` (a string) as the number it was written from."""
+    if not isinstance(value, str):
+        return value
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pending: int) -> str:
@@ -395,7 +417,8 @@ def run(args) -> int:
               f"{row['acc_W']:.2f}% ({row['seconds']} s)", file=sys.stderr, flush=True)
         if args.out:
             _append_csv(args.out, row)
-            _write_md(args.out, report(with_diffs(rows), pending=total - len(rows) + len(done)))
+            diffs = with_diffs(rows)
+            _write_results(args.out, report(diffs, pending=total - len(rows) + len(done)), diffs)
 
     if args.jobs == 1 or total <= 1:
         for cfg in configs:
@@ -411,7 +434,7 @@ def run(args) -> int:
                 record(future.result())
     rows = with_diffs(rows)
     if args.out:
-        _write_md(args.out, report(rows, pending=0))
+        _write_results(args.out, report(rows, pending=0), rows)
     print(report(rows, pending=0))
     return 0
 

@@ -27,17 +27,19 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K,64K,4M] [--repeat
     when the MPI library queues the control message behind the gradient data
     (``ssdmpi/comm/mpi_env.py``).
 
-Measured results (shared memory and a 1 Gbit/s throttled network) and the commands that
-produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
+``--json FILE`` writes the result file of ``ssdmpi/bench/result.py``: the command line, the
+machine and the numbers (keys ``bandwidth``, ``overlap``, ``control``). Measured results and
+the commands that produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
 """
 
 from __future__ import annotations
 
-import json
 import time
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.bench.stats import median
+from ssdmpi.comm.mpi_env import load_mpi
 from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
@@ -70,10 +72,11 @@ def add_arguments(parser) -> None:
 def bandwidth(world, sizes, repeats: int) -> list:
     """Part (a): one row per size: median seconds per variant, GB/s, paired ratios to raw."""
     import numpy as np
-    from mpi4py import MPI
 
     from ssdmpi.comm.communicator import Communicator
     from ssdmpi.comm.fused_mean import divide
+
+    MPI = load_mpi()
 
     raw_comm = world.Dup()
     comm = Communicator(world, progress="blocking")
@@ -142,9 +145,10 @@ def _sleep_work(seconds: float, pieces: int):
 def overlap(world, nbytes: int, repeats: int, strategies, ratio: float, pieces: int = 10) -> list:
     """Part (b): one row per (compute kind, strategy)."""
     import numpy as np
-    from mpi4py import MPI
 
     from ssdmpi.comm.communicator import Communicator
+
+    MPI = load_mpi()
 
     comms = {s: Communicator(world, progress=s) for s in strategies}
     baseline = Communicator(world, progress="blocking")
@@ -213,9 +217,10 @@ CONTROL_POKES, CONTROL_POKE_S = 10, 0.005   # the control part's progress calls 
 def control(world, nbytes: int, repeats: int) -> dict:
     """Part (c): the control allreduce alone and with an ``nbytes`` allreduce in flight (module docstring)."""
     import numpy as np
-    from mpi4py import MPI
 
     from ssdmpi.comm.communicator import Communicator
+
+    MPI = load_mpi()
 
     comm = Communicator(world, progress="test")
     buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
@@ -281,9 +286,9 @@ def _size_name(nbytes: int) -> str:
 
 
 def run(args) -> int:
-    from mpi4py import MPI
-
     from ssdmpi.errors import UserError
+
+    MPI = load_mpi()
 
     if args.repeats < 1 or args.pieces < 1:
         raise UserError("--repeats and --pieces must be at least 1")
@@ -303,7 +308,7 @@ def run(args) -> int:
         result["control"] = control(world, size, args.repeats)
     if world.Get_rank() == 0:
         if args.json:
-            emit_json(args.json, json.dumps(result, indent=1))
+            emit_json(args.json, result_file.dumps({**result_file.provenance("comm"), **result}))
         if args.json != "-":
             _print_tables(result)
     return 0

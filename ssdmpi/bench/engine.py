@@ -12,17 +12,20 @@ reports its allocations to) is measured in a separate, untimed step.
 
 PyTorch is the benchmark peer only, never a runtime dependency of ssdmpi.
 
-Targets (the issue's): mlp 784-512-512-10 batch 128 <= 1.15x; lenet5 batch 64 <=
+``--json FILE`` writes the result file of ``ssdmpi/bench/result.py``: the command line, the
+machine and the result dict of ``measure``.
+
+Targets: mlp 784-512-512-10 batch 128 <= 1.15x; lenet5 batch 64 <=
 1.5x; resnet20 batch 128 <= 2.0x and peak memory <= 1.5 GiB. ``--check`` makes a
 missed target exit 1.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import add_json, deprecated_alias, emit_json
 from ssdmpi.bench.stats import median
 
@@ -70,7 +73,7 @@ def measure(model_name: str, batch: int | None = None, repeats: int | None = Non
             memory: bool = True) -> dict:
     """Run the interleaved benchmark; return the result dict (times in seconds)."""
     from ssdmpi.errors import UserError
-    from ssdmpi.nn import torch_ref
+    from ssdmpi.verify import torch_ref
 
     torch_available = torch_ref.torch_available
 
@@ -103,7 +106,7 @@ def _measure(model_name, shape, options, batch, repeats, warmup, memory, threads
     import torch.nn.functional as F
 
     from ssdmpi.nn import build_model
-    from ssdmpi.nn.torch_ref import build_torch_model
+    from ssdmpi.verify.torch_ref import build_torch_model
 
     model = build_model(model_name, shape, NUM_CLASSES, seed=0, **options)
     twin = build_torch_model(model)
@@ -187,7 +190,7 @@ def _fmt_ms(s: float) -> str:
 def run(args) -> int:
     result = measure(args.model, args.batch_size, args.repeats, args.warmup, memory=not args.no_memory)
     if args.json:
-        emit_json(args.json, json.dumps(result, sort_keys=True))
+        emit_json(args.json, result_file.dumps({**result_file.provenance("engine"), **result}))
     if args.json != "-":
         opts = ", ".join(f"{k}={v}" for k, v in result["options"].items())
         print(f"engine benchmark: {result['model']}{' (' + opts + ')' if opts else ''}, input "

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.parsing import parse_list
 
 SIDES = ("auto", "OMP_NUM_THREADS=1")
@@ -42,7 +43,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mpiexec", default=None, help="launcher (default: the one next to this Python)")
     parser.add_argument("--unlimited-runs", type=int, default=0, metavar="N",
                         help="also N runs per rank count with one thread per CPU in every rank (default: 0)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write the results as a result file (ssdmpi/bench/result.py: command, machine)")
 
 
 def side_env(side: str) -> dict:
@@ -108,12 +110,30 @@ def run(args) -> int:
               + (f"{u['wall_s']:.1f} s / {u['train_s']:.1f} s |" if u else "not run |"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "blas": blas_info(), "results": results}, f, indent=2)
+            f.write(result_file.dumps({**result_file.provenance("threads", program="python -m ssdmpi.bench.threads"),
+                                       "args": vars(args), "blas": blas_info(), "results": results,
+                                       "rows": rows(results)}))
     return 0
 
 
+def rows(results: dict) -> list:
+    """One row per rank count (``ranks``, ``bare_*`` / ``omp1_*`` / ``unlimited_*`` ``wall_s`` and
+    ``run_s``, ``ratio_wall`` and ``ratio_run``: bare over ``OMP_NUM_THREADS=1``), as BENCHMARKS.md shows them."""
+    out = []
+    for n, r in results.items():
+        row = {"ranks": n}
+        for prefix, side in (("bare", "auto"), ("omp1", "OMP_NUM_THREADS=1"), ("unlimited", UNLIMITED)):
+            if side in r:
+                row[f"{prefix}_wall_s"], row[f"{prefix}_run_s"] = r[side]["wall_s"], r[side]["train_s"]
+        row["ratio_wall"] = row["bare_wall_s"] / row["omp1_wall_s"]
+        row["ratio_run"] = row["bare_run_s"] / row["omp1_run_s"]
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.bench.threads", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.bench.threads",
+                                     description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -17,6 +17,8 @@ median over repeats. Then every run directory is parsed (``ssdmpi.plot.load_run`
 the results are written:
 
 - ``OUT/results.md`` and ``OUT/results.csv``: one row per variant (columns in ``COLUMNS``);
+- ``OUT/result.json``: the same rows, the settings, the command line and the machine
+  (``ssdmpi/bench/result.py``; what ``ssdmpi bench report`` renders ``BENCHMARKS.md`` from);
 - ``OUT/figures/*.png``: ``ssdmpi plot`` of all runs;
 - ``OUT/logs/NAME.log``: each run's stdout and stderr.
 
@@ -32,7 +34,7 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
   run sends one allreduce every k steps, so its per-step bytes are 1/k of ssgd's);
 - mean staleness (asgd): the servers' version minus the version each applied gradient was
   computed on, mean over the delay-stage updates (``staleness_mean``, weighted by steps);
-- speedup: samples/s over ssgd's (the first ssgd variant; blank without one);
+- speedup: samples/s over ssgd's (the first ssgd variant ``ssdmpi train`` runs; blank without one);
 - train s: wall-clock seconds spent in training steps (the trainer's ``train_s``: the
   evaluations and checkpoints, identical bookkeeping for every algorithm, are left out);
 - the second table (``BREAKDOWN_COLUMNS``): the step breakdown per step, mean over ranks
@@ -62,6 +64,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import deprecated_alias
 from ssdmpi.bench.launch import (
     NETNS,
@@ -115,6 +118,13 @@ class Variant:
     servers: int | None = None     # asgd: parameter-server ranks, on top of the workers
     delay_max: int | None = None   # --delay-max of an auto variant
     merge_delay: int | None = None   # --merge-delay of a --comm period variant
+    extra: tuple = ()              # more flags of its own (e.g. --progress thread)
+    program: tuple = ("ssdmpi", "train")   # python -m PROGRAM (bench peers: its PyTorch peers)
+
+    @property
+    def by_ssdmpi(self) -> bool:
+        """Trained by ``ssdmpi train`` (not by a peer that takes its flags)."""
+        return self.program == ("ssdmpi", "train")
 
     def train_flags(self) -> list:
         flags = ["--algo", self.algo]
@@ -128,7 +138,7 @@ class Variant:
             flags += ["--delay-max", str(self.delay_max)]
         if self.merge_delay is not None:
             flags += ["--merge-delay", str(self.merge_delay)]
-        return flags
+        return flags + list(self.extra)
 
 
 def parse_variant(spec: str) -> Variant:
@@ -216,7 +226,7 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
     """The argv of one run (see the module docstring)."""
     data = ["--dataset", args.dataset] if not args.train_subset else \
         ["--dataset", "hdf5", "--data-path", str(subset_path(args))]
-    train = [sys.executable, "-m", "ssdmpi", "train", "--run-dir", str(run_dir),
+    train = [sys.executable, "-m", *variant.program, "--run-dir", str(run_dir),
              *data, "--model", args.model, "--batch-size", str(args.batch_size),
              "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--seed", str(args.seed),
              "--no-progress-bar"]
@@ -296,7 +306,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
         rows.append(row)
-        if v.algo == "ssgd" and base is None:
+        if v.algo == "ssgd" and v.by_ssdmpi and base is None:
             base = m
     target = base["final_acc"] - target_drop if base and base["final_acc"] is not None else None
     for row in rows:
@@ -359,6 +369,8 @@ def breakdown_ms(m: dict) -> dict:
 
 def _pattern(v: Variant):
     """``(kind, k)`` of ``bench model``'s step model for a variant, or None (no model for it)."""
+    if not v.by_ssdmpi:
+        return None
     if v.algo == "ssgd":
         return "ssgd", 1
     if v.algo in ("ssd", "odsgd"):
@@ -423,11 +435,11 @@ def _fmt(key, value) -> str:
     if value is None or value == "":
         return ""
     if isinstance(value, float):
-        if key in ("speedup", "tta_ratio", "bound", "model_bound"):
+        if key in ("speedup", "tta_ratio", "bound", "model_bound", "x_ddp", "tta_x_ddp"):
             return f"{value:.2f}x"
-        if key in ("of_bound", "of_model", "sum_ratio"):
+        if key in ("of_bound", "of_model", "sum_ratio", "of_overlap_bound"):
             return f"{value:.3f}"
-        if key == "acc_delta":
+        if key in ("acc_delta", "acc_vs_ddp"):
             return f"{value:+.2f}"
         if key in ("mb_per_step", "staleness"):
             return f"{value:.3f}"
@@ -437,26 +449,39 @@ def _fmt(key, value) -> str:
     return str(value)
 
 
-def markdown_table(rows) -> str:
-    """The rows as a GitHub Markdown table (formatted numbers; blank where unknown)."""
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
-             "|" + "|".join("---" if k in ("name", "algo", "comm", "status") else "---:" for k, _ in COLUMNS) + "|"]
+def markdown_table(rows, columns=COLUMNS) -> str:
+    """The rows as a GitHub Markdown table of ``columns`` (formatted numbers; blank where unknown)."""
+    lines = ["| " + " | ".join(h for _, h in columns) + " |",
+             "|" + "|".join("---" if k in ("name", "algo", "comm", "status") else "---:" for k, _ in columns) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k, _ in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows) -> str:
-    """The rows as CSV with machine-friendly headers (the ``COLUMNS`` keys, then the
-    ``BREAKDOWN_COLUMNS`` ones) and full precision."""
+def csv_table(rows, tables=(COLUMNS, BREAKDOWN_COLUMNS)) -> str:
+    """The rows as CSV with machine-friendly headers (the keys of each table's columns, in
+    order, each once: by default ``COLUMNS``, then ``BREAKDOWN_COLUMNS``) and full precision."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    keys = [k for k, _ in COLUMNS]
-    keys += [k for k, _ in BREAKDOWN_COLUMNS if k not in keys]
+    keys = []
+    for columns in tables:
+        keys += [k for k, _ in columns if k not in keys]
     writer.writerow(keys)
     for row in rows:
         writer.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
     return buf.getvalue()
+
+
+def result_json(rows, settings: str, benchmark: str = "train", tables=(COLUMNS, BREAKDOWN_COLUMNS),
+                **extra) -> str:
+    """The result file of ``ssdmpi bench BENCHMARK`` (``ssdmpi/bench/result.py``): ``settings`` (the
+    table header's text), ``rows`` (one object per variant with the keys of ``tables``' columns,
+    None where unknown) and any ``extra`` keys."""
+    keys = []
+    for columns in tables:
+        keys += [k for k, _ in columns if k not in keys]
+    return result_file.dumps({**result_file.provenance(benchmark), "settings": settings, **extra,
+                              "rows": [{k: row.get(k) for k in keys} for row in rows]})
 
 
 def _write_new(path: Path, text: str) -> None:
@@ -473,22 +498,29 @@ def _delays(text: str) -> list:
 
 
 def add_arguments(parser) -> None:
+    add_run_arguments(parser, "train")
+    delays = parser.add_argument("--delays", default="5", metavar="K1,K2",
+                                 help="delays/periods k for the default variants (default 5)")
+    deprecated_alias(parser, "--k", delays)
+    parser.add_argument("--variants", metavar="V1,V2",
+                        help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
+                             "ssd:period:K:dD (--merge-delay D), ssd:step:K, localsgd:K (ssd K may be auto: "
+                             "--delay auto, or auto:M: with --delay-max M), asgd:S (S parameter servers, on ranks of "
+                             "their own)")
+
+
+def add_run_arguments(parser, kind: str) -> None:
+    """The flags of ``bench train`` that say how and where every run goes (all but the variants);
+    ``bench KIND`` shares them."""
     parser.add_argument("--out", metavar="DIR",
-                        help="results directory (runs/, logs/, tables, figures); default runs/bench-train-<timestamp>")
+                        help=f"results directory (runs/, logs/, tables, figures); "
+                             f"default runs/bench-{kind}-<timestamp>")
     parser.add_argument("--net", default="1gbit", metavar="RATE|none",
                         help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
                              "'none': shared memory, no namespace (default 1gbit)")
     parser.add_argument("--ranks", type=int, default=None,
                         help="MPI ranks per run (default 2; asgd's servers come on top)")
     add_node_arguments(parser)
-    delays = parser.add_argument("--delays", default="5", metavar="K1,K2",
-                                 help="delays/periods k for the default variants (default 5)")
-    deprecated_alias(parser, "--k", delays)
-    parser.add_argument("--variants", metavar="V1,V2",
-                        help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
-                             "ssd:period:K:dD (--merge-delay D), ssd:step:K, localsgd:K (ssd:period K may be auto: "
-                             "--delay auto, or auto:M: with --delay-max M), asgd:S (S parameter servers, on ranks of "
-                             "their own)")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "
@@ -513,6 +545,17 @@ def add_arguments(parser) -> None:
 
 
 def _validate(args) -> list:
+    check_run_arguments(args)
+    if args.variants:
+        variants = [parse_variant(v) for v in args.variants.split(",")]
+    else:
+        variants = default_variants(_delays(args.delays))
+    check_variants(args, variants)
+    return variants
+
+
+def check_run_arguments(args) -> None:
+    """``UserError`` (one line) for a bad ``add_run_arguments`` flag; resolves ``args.ranks``."""
     args.ranks = node_ranks(args, 2)
     if args.ranks < 1:
         raise UserError(f"--ranks must be >= 1, got {args.ranks}")
@@ -530,15 +573,14 @@ def _validate(args) -> list:
         shlex.split(args.train_args or "")
     except ValueError as exc:
         raise UserError(f"--train-args: {exc}") from None
-    if args.variants:
-        variants = [parse_variant(v) for v in args.variants.split(",")]
-    else:
-        variants = default_variants(_delays(args.delays))
+
+
+def check_variants(args, variants) -> None:
+    """``UserError`` for a variant listed twice, or one that does not fit ``--nodes``."""
     _check_nodes(args, variants)
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise UserError(f"--variants lists a variant twice: {', '.join(names)}")
-    return variants
 
 
 def _check_nodes(args, variants) -> None:
@@ -554,10 +596,54 @@ def _where(args) -> str:
     return f"{args.ranks} ranks, net {args.net}"
 
 
+def settings_line(args, kind: str = "train") -> str:
+    """One line naming the job every variant of ``ssdmpi bench KIND`` ran (the tables' header)."""
+    return f"ssdmpi bench {kind}: {setup_line(args)}"
+
+
 def run(args) -> int:
     variants = _validate(args)
+    launched = run_variants(args, variants, "train")
+    if launched is None:
+        return 0
+    results, failures = launched
+    out = Path(args.out)
+    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
+    md, text_csv = markdown_table(rows), csv_table(rows)
+    md += "\n" + breakdown_table(rows, bound_note(rows))
+    _write_new(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
+    _write_new(out / "results.csv", text_csv)
+    _write_new(out / "result.json", result_json(rows, settings_line(args)))
+    write_figures(args, results)
+    print(md, end="")
+    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
+          f"{out / 'figures'}/")
+    return 1 if failures else 0
+
+
+def setup_line(args) -> str:
+    """What every run of a benchmark trains, and where (the tables' header)."""
+    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
+    return (f"{args.model} on {dataset}, {_where(args)}, batch {args.batch_size}/rank, lr {args.lr}, "
+            f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps}")
+
+
+def write_figures(args, results: dict) -> None:
+    """``ssdmpi plot``'s figures of every readable run into ``OUT/figures``."""
+    from ssdmpi.plot import make_figures
+
+    runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
+    if runs:
+        make_figures(runs, Path(args.out) / "figures", title=f"{args.model}, {_where(args)}")
+
+
+def run_variants(args, variants, kind: str):
+    """Run every variant ``--repeats`` times, interleaved, each into ``OUT/runs/NAME[-rREP]`` with its
+    log in ``OUT/logs`` (``--reuse``: parse what is there), and parse them; ``(results, failures)``
+    with ``results`` as ``summarise`` takes it. ``--dry-run``: print the commands, run nothing,
+    return None. Sets ``args.out`` (default ``runs/bench-KIND-<timestamp>``, made absolute)."""
     if not args.out:
-        args.out = time.strftime("runs/bench-train-%Y%m%d-%H%M%S")
+        args.out = time.strftime(f"runs/bench-{kind}-%Y%m%d-%H%M%S")
     # Runs are launched from the repository root: make the output path independent of that.
     args.out = str(Path(args.out).resolve())
     out = Path(args.out)
@@ -566,7 +652,7 @@ def run(args) -> int:
     if args.dry_run:
         for v, _, run_dir in jobs:
             print(shlex.join(launch_command(v, run_dir, args)))
-        return 0
+        return None
     if not args.reuse:
         check_cluster() if args.nodes else check_network(args.net)
         existing = [str(d) for _, _, d in jobs if d.exists()]
@@ -576,7 +662,7 @@ def run(args) -> int:
     if args.train_subset and not args.reuse:
         write_subset(args)
 
-    from ssdmpi.plot import load_run, make_figures
+    from ssdmpi.plot import load_run
 
     results, failures = {}, 0
     env = cluster_env() if args.nodes else dict(os.environ)    # one namespace: as users launch
@@ -584,12 +670,12 @@ def run(args) -> int:
         status = None
         if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
             cmd = launch_command(v, run_dir, args)
-            print(f"[bench train] {run_dir.name}: {shlex.join(cmd)}", flush=True)
+            print(f"[bench {kind}] {run_dir.name}: {shlex.join(cmd)}", flush=True)
             start = time.monotonic()
             log = out / "logs" / f"{run_dir.name}.log"
             with open(log, "w") as f:
                 rc = run_bounded(cmd, env, args.timeout, stdout=f, cluster=bool(args.nodes))
-            print(f"[bench train] {run_dir.name}: exit {rc} after {time.monotonic() - start:.0f}s (log {log})",
+            print(f"[bench {kind}] {run_dir.name}: exit {rc} after {time.monotonic() - start:.0f}s (log {log})",
                   flush=True)
             if rc != 0:
                 status = f"failed (exit {rc}, see logs/{log.name})"
@@ -603,19 +689,4 @@ def run(args) -> int:
                 failures += 1
         if not results.get(v.name):
             results[v.name] = status
-
-    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
-    md, text_csv = markdown_table(rows), csv_table(rows)
-    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
-    header = (f"<!-- ssdmpi bench train: {args.model} on {dataset}, {_where(args)}, "
-              f"batch {args.batch_size}/rank, lr {args.lr}, "
-              f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps} -->\n")
-    md += "\n" + breakdown_table(rows, bound_note(rows))
-    _write_new(out / "results.md", header + md)
-    _write_new(out / "results.csv", text_csv)
-    runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
-    if runs:
-        make_figures(runs, out / "figures", title=f"{args.model}, {_where(args)}")
-    print(md, end="")
-    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'figures'}/")
-    return 1 if failures else 0
+    return results, failures

@@ -1,42 +1,41 @@
-"""HDF5 checkpoints of the complete training state: atomic, checksummed, resumable bit-for-bit.
+"""Checkpoints of the complete training state: sharded, written in the background, atomic,
+checksummed, resumable bit for bit, or on another number of ranks.
 
-- ``format.py``: what a file holds (layout, state trees <-> HDF5 groups, sha256 checksums),
-  reading, verifying, describing. Serial (no MPI).
-- ``store.py``: files on disk: names (``ckpt-<step:08d>.h5``), atomic writes, listing,
-  resume selection, retention, compatibility with a job. Serial (no MPI).
-- ``collective.py``: ``save_collective``/``load_collective``, collective over a
-  Communicator: rank 0 writes and reads the one file, one rank's state at a time.
+- ``sharded.py``: format 2, what ``ssdmpi train`` writes: a directory per checkpoint, one HDF5
+  file per rank (its own state and its piece of the shared arrays), a manifest. Serial.
+- ``format.py``: state trees <-> HDF5 groups with checksums; format 1 (one file, still read).
+- ``snapshot.py``: one rank's state copied into reused (pinned) host buffers.
+- ``writer.py``: ``CheckpointWriter``: each rank writes its file on a thread while training
+  goes on; the manifest, written by rank 0 once every rank's file is complete, commits it.
+- ``load.py``: ``restore`` (collective: the same number of ranks, bit for bit, or another:
+  the global state exact, the per-rank state merged by the rules of ``ssdmpi/algos/resize.py``,
+  docs/ALGORITHM.md section 6) and ``read_model`` (the weights to evaluate, nothing else).
+- ``store.py``: names, listing, resume selection, the commit rename, ``best``/``last`` links,
+  retention. Serial.
 
 The public names are re-exported here (``from ssdmpi import checkpoint``;
 ``checkpoint.select_resume(...)``).
 """
 
-from ssdmpi.checkpoint.collective import load_collective, save_collective
-from ssdmpi.checkpoint.format import (
-    DEDUPE_MIN_SIZE,
-    FORMAT,
-    FORMAT_VERSION,
-    CheckpointError,
-    describe,
-    read_meta,
-    read_rank_state,
-    read_shared,
-    read_tree,
-    verify,
-    write_contents,
-    write_tree,
-)
+from ssdmpi.checkpoint.format import FORMAT, CheckpointError
+from ssdmpi.checkpoint.load import read_model, restore
+from ssdmpi.checkpoint.sharded import FORMAT_VERSION
 from ssdmpi.checkpoint.store import (
+    BEST,
+    LAST,
     check_compatible,
     checkpoint_name,
+    link_target,
     list_checkpoints,
+    read_meta,
     resolve_path,
     retain,
     select_resume,
-    write_checkpoint,
+    size_of,
+    verify,
 )
+from ssdmpi.checkpoint.writer import CheckpointWriter
 
-__all__ = ["DEDUPE_MIN_SIZE", "FORMAT", "FORMAT_VERSION", "CheckpointError", "check_compatible", "checkpoint_name",
-           "describe", "list_checkpoints", "load_collective", "read_meta", "read_rank_state", "read_shared",
-           "read_tree", "resolve_path", "retain", "save_collective", "select_resume", "verify", "write_checkpoint",
-           "write_contents", "write_tree"]
+__all__ = ["BEST", "FORMAT", "FORMAT_VERSION", "LAST", "CheckpointError", "CheckpointWriter", "check_compatible",
+           "checkpoint_name", "link_target", "list_checkpoints", "read_meta", "read_model", "resolve_path", "restore",
+           "retain", "select_resume", "size_of", "verify"]

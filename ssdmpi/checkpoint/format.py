@@ -1,7 +1,7 @@
-"""The checkpoint file format: the layout, state trees <-> HDF5 groups, checksums, reading, verifying.
+"""State trees <-> HDF5 groups with checksums (both formats), and format 1: one file per checkpoint.
 
-One file per checkpoint (``store.py`` names and places it; ``collective.py`` has rank 0
-write it with every rank's state). Plain h5py or ``h5dump`` can read it:
+Format 1 (read, resumed on its own number of ranks; ``sharded.py`` is format 2, what
+``ssdmpi train`` writes) is one HDF5 file ``ckpt-<step>.h5``:
 
     /                               attrs: format="ssdmpi-checkpoint", format_version=1,
                                            world_size, step, epoch, stage, model, algo, dataset,
@@ -11,13 +11,11 @@ write it with every rank's state). Plain h5py or ``h5dump`` can read it:
     /model/global_weights           float [n]   the global model W (from rank 0)
     /model/buffers/<name>           rank 0's BatchNorm running statistics (what ``ssdmpi eval`` uses)
     /rank_0000/ ... /rank_<N-1>/    one group per rank: that rank's whole state, a tree of
-        model/params                    the flat parameter buffer as the model held it (W in the
-                                        warm-up, this rank's L in the delay stage)
+        model/params                    the flat parameter buffer (W in the warm-up, L after)
         model/buffers/<name>            this rank's BN statistics
         algo/...                        algo.state_dict() (W, M, L, P, accumulators, counters t, s,
                                         stage, ...; see ssdmpi/algos/__init__.py)
-        loader/...                      loader.state_dict() (epoch, position, seeds: the data order
-                                        and augmentation draws are functions of these)
+        loader/...                      loader.state_dict()
         trainer/...                     step, elapsed and training seconds, last evaluation
 
 Inside a tree, arrays are datasets (contiguous, uncompressed, so offsets are stable),
@@ -30,14 +28,14 @@ datasets with attr ``scalar=1`` so they come back with their dtype (bitwise resu
 Every dataset carries attr ``sha256`` (of dtype, shape and raw bytes); ``/meta`` lists all
 of them again, so a truncated file, a flipped byte or a missing dataset is detected.
 
-Example: ``h5py.File(path)["rank_0001/algo/L"][()]`` is rank 1's local model;
-``ssdmpi ckpt inspect PATH`` lists everything; ``ssdmpi ckpt verify PATH`` checks it.
+Example: ``h5py.File(path)["rank_0001/algo/L"][()]`` is rank 1's local model of a format-1 file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import numpy as np
 
@@ -54,7 +52,8 @@ class CheckpointError(UserError):
 
 # --- trees of state <-> HDF5 groups -----------------------------------------------------------
 
-def _digest(a: np.ndarray) -> str:
+def digest(a: np.ndarray) -> str:
+    """sha256 of an array's dtype, shape and bytes (what every dataset's ``sha256`` attr holds)."""
     h = hashlib.sha256(f"{a.dtype.str}{tuple(a.shape)}".encode())
     h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
     return h.hexdigest()
@@ -114,17 +113,17 @@ def write_tree(group, tree: dict, manifest: dict, seen: dict | None = None) -> N
         elif _is_array(value) or isinstance(value, np.generic):
             a = _host(value) if _is_array(value) else np.asarray(value)
             if a.ndim >= 1 and a.size >= DEDUPE_MIN_SIZE:
-                digest = _digest(a)
-                if digest in seen:
-                    group[key] = h5py.SoftLink(seen[digest])
+                sha = digest(a)
+                if sha in seen:
+                    group[key] = h5py.SoftLink(seen[sha])
                     continue
             ds = group.create_dataset(key, data=a)
-            ds.attrs["sha256"] = digest = _digest(a)
+            ds.attrs["sha256"] = sha = digest(a)
             if isinstance(value, np.generic):
                 ds.attrs["scalar"] = 1
-            manifest[ds.name] = digest
+            manifest[ds.name] = sha
             if a.ndim >= 1 and a.size >= DEDUPE_MIN_SIZE:
-                seen[digest] = ds.name
+                seen[sha] = ds.name
         elif isinstance(value, (list, tuple)) and any(_is_array(x) or isinstance(x, dict) for x in value):
             sub = group.create_group(key)
             sub.attrs["list"] = len(value)
@@ -134,12 +133,28 @@ def write_tree(group, tree: dict, manifest: dict, seen: dict | None = None) -> N
     if values:
         text = json.dumps(values, sort_keys=True)
         ds = group.create_dataset(VALUES, data=text)
-        ds.attrs["sha256"] = digest = _text_digest(text)
-        manifest[ds.name] = digest
+        ds.attrs["sha256"] = sha = _text_digest(text)
+        manifest[ds.name] = sha
 
 
-def read_tree(group) -> dict | list:
-    """The nested dict (or list) written by ``write_tree``; NumPy arrays on the host."""
+def read_dataset(ds):
+    """A dataset written by ``write_tree``: an array, or a NumPy scalar of its dtype."""
+    a = ds[()]
+    if ds.attrs.get("scalar", 0):
+        return a if isinstance(a, np.generic) else np.asarray(a)[()]
+    return a if isinstance(a, np.ndarray) else np.asarray(a)
+
+
+class ArrayInfo(tuple):
+    """``(shape, dtype)`` of an array ``read_tree(..., arrays=False)`` did not read."""
+
+    shape = property(lambda self: self[0])
+    dtype = property(lambda self: self[1])
+
+
+def read_tree(group, arrays: bool = True) -> dict | list:
+    """The nested dict (or list) written by ``write_tree``; NumPy arrays on the host.
+    ``arrays=False``: arrays of one or more dimensions are not read, only described (``ArrayInfo``)."""
     import h5py
 
     out = {}
@@ -147,14 +162,11 @@ def read_tree(group) -> dict | list:
         if key == VALUES:
             out.update(json.loads(item.asstr()[()]))
         elif isinstance(item, h5py.Group):
-            out[key] = read_tree(item)
+            out[key] = read_tree(item, arrays)
+        elif not arrays and item.ndim >= 1:
+            out[key] = ArrayInfo((tuple(item.shape), np.dtype(item.dtype)))
         else:
-            a = item[()]
-            if item.attrs.get("scalar", 0):
-                a = a if isinstance(a, np.generic) else np.asarray(a)[()]
-            elif not isinstance(a, np.ndarray):
-                a = np.asarray(a)
-            out[key] = a
+            out[key] = read_dataset(item)
     if "list" in group.attrs:
         return [out[str(i)] for i in range(int(group.attrs["list"]))]
     return out
@@ -188,7 +200,42 @@ def write_contents(f, meta: dict, rank_states, shared: dict | None = None) -> No
             f.attrs[key] = meta[key]
 
 
+def write_checkpoint(path: str, meta: dict, rank_states, shared: dict | None = None) -> str:
+    """Write one format-1 checkpoint file atomically (a temporary file in the same directory,
+    fsynced, renamed over ``path``, the directory fsynced); return ``path``."""
+    import h5py
+
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            write_contents(f, meta, rank_states, shared)
+            f.flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
 # --- reading and verifying --------------------------------------------------------------------
+
+def dataset_digest(ds) -> str:
+    """The sha256 of a stored dataset, as ``write_tree`` computed it (JSON text or array)."""
+    if ds.dtype.kind in "OSU":
+        return _text_digest(ds.asstr()[()])
+    return digest(np.asarray(ds[()]))
+
 
 def read_meta(path: str) -> dict:
     """The ``/meta`` record (config, step, world size, manifest, ...); ``CheckpointError`` if unreadable."""
@@ -232,16 +279,11 @@ def verify(path: str) -> list:
         with h5py.File(path, "r") as f:
             meta = _meta(f, path)
             manifest = meta.get("manifest", {})
-            for name, digest in manifest.items():
+            for name, expected in manifest.items():
                 if name not in f:
                     problems.append(f"dataset {name} is missing")
                     continue
-                ds = f[name]
-                if ds.dtype.kind in "OSU":
-                    actual = _text_digest(ds.asstr()[()])
-                else:
-                    actual = _digest(np.asarray(ds[()]))
-                if actual != digest:
+                if dataset_digest(f[name]) != expected:
                     problems.append(f"dataset {name} checksum mismatch")
             for rank in range(int(meta.get("world_size", 0))):
                 if f"rank_{rank:04d}" not in f:
@@ -274,40 +316,3 @@ def read_shared(path: str, key: str = "model") -> dict:
 
     with h5py.File(path, "r") as f:
         return read_tree(f[key])
-
-
-def describe(path: str, datasets: bool = True) -> str:
-    """Human-readable listing of a checkpoint (``ssdmpi ckpt inspect``)."""
-    import h5py
-
-    meta = read_meta(path)
-    cfg = meta.get("config", {})
-    lines = [f"checkpoint {path}",
-             f"  format {meta.get('format')} v{meta.get('format_version')}, written {meta.get('created', '?')} "
-             f"({meta.get('reason', '?')})",
-             f"  step {meta.get('step')}, epoch {meta.get('epoch')}, stage {meta.get('stage')}, "
-             f"world size {meta.get('world_size')}",
-             f"  model {meta.get('model')} ({meta.get('num_params', '?')} parameters, {cfg.get('dtype', '?')}), "
-             f"dataset {meta.get('dataset')}, algo {meta.get('algo')}",
-             f"  last test accuracy {meta.get('test_acc')}" if meta.get("test_acc") is not None else "",
-             "  config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if v is not None)]
-    lines = [line for line in lines if line]
-    if datasets:
-        lines.append("  datasets:")
-        with h5py.File(path, "r") as f:
-            def visit(name, obj):
-                if isinstance(obj, h5py.Dataset) and name != "meta":
-                    if obj.dtype.kind in "OSU":
-                        lines.append(f"    /{name}  json {len(obj.asstr()[()])} chars")
-                    else:
-                        lines.append(f"    /{name}  {obj.dtype} {tuple(obj.shape)}")
-            f.visititems(visit)
-
-            def visit_link(name):
-                link = f.get(name, getlink=True)
-                if isinstance(link, h5py.SoftLink):
-                    lines.append(f"    /{name}  -> {link.path} (same values, stored once)")
-            f.visit_links(visit_link)
-    return "\n".join(lines)
-
-

@@ -1,30 +1,134 @@
-"""Checkpoint files on disk: names, atomic writes, listing, resume selection, retention.
+"""Checkpoints on disk: names, listing, resume selection, the commit rename, links, retention.
 
-Files are ``<run_dir>/checkpoints/ckpt-<step:08d>.h5`` (``checkpoint_name``); the layout
-inside is ``format.py``'s. Writes are atomic: a temporary file in the same directory,
-flushed and fsynced, renamed over the final name, then the directory fsynced; an existing
-file is never written in place. ``retain(directory, keep)`` deletes all but the newest
-``keep`` files. ``select_resume(directory)`` picks the newest checkpoint that verifies and
-warns about each corrupt one it skips. Plain file functions: rank 0 or a serial tool.
+A run's ``checkpoints/`` holds
+
+    ckpt-00000120/      a checkpoint (format 2, ``sharded.py``): complete once it has its
+                        manifest, which is written before the directory gets this name
+    ckpt-00000060.h5    a checkpoint of format 1 (one file, ``format.py``), still read
+    last -> ckpt-00000120     the newest checkpoint (a relative symbolic link)
+    best -> ckpt-00000100     the checkpoint whose global model had the best test accuracy
+    .ckpt-00000140.partial-<token>/    being written (or left by a crash): never a checkpoint
+
+``commit`` renames a partial directory into place (a checkpoint of the same step already
+there is first renamed aside, then deleted: never overwritten in place); ``publish`` then
+points ``last`` and ``best`` and applies ``retain``: all but the newest ``keep`` checkpoints are
+deleted, whole, except those ``best`` and ``last`` point to. Every check here is serial (rank
+0 or a tool); ``select_resume(directory)`` picks the newest checkpoint that verifies and warns
+about each one it skips.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
+import shutil
 import sys
 
-from ssdmpi.checkpoint.format import CheckpointError, verify, write_contents
+from ssdmpi.checkpoint import format as format1
+from ssdmpi.checkpoint import sharded
+from ssdmpi.checkpoint.format import CheckpointError
 from ssdmpi.errors import UserError
 
-NAME_RE = re.compile(r"^ckpt-(\d{8,})\.h5$")
+NAME_RE = re.compile(r"^ckpt-(\d{8,})(\.h5)?$")
+PARTIAL_RE = re.compile(r"^\.ckpt-\d{8,}\.(partial|old)-[0-9a-f]+$")
+LAST, BEST = "last", "best"
 
 
 def checkpoint_name(step: int) -> str:
-    return f"ckpt-{int(step):08d}.h5"
+    """The directory name of the checkpoint of ``step`` (``ckpt-00000120``)."""
+    return f"ckpt-{int(step):08d}"
 
 
-# --- writing --------------------------------------------------------------------------------
+# --- one checkpoint, either format ------------------------------------------------------------
+
+def read_meta(path: str) -> dict:
+    """The checkpoint's metadata (step, epoch, stage, world size, model, config, ...): its
+    manifest (format 2) or its ``/meta`` (format 1). ``CheckpointError`` if unreadable."""
+    return sharded.read_manifest(path) if os.path.isdir(path) else format1.read_meta(path)
+
+
+def verify(path: str, deep: bool = True) -> list:
+    """Problems found in the checkpoint (empty: it verifies). ``deep=False``: format 2 checks
+    only the manifest and the file sizes (what a reader of a few arrays needs first)."""
+    if os.path.isdir(path):
+        return sharded.verify(path, deep)
+    return format1.verify(path)
+
+
+def size_of(path: str) -> int:
+    """Bytes on disk of a checkpoint (all its files)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+
+
+# --- listing and selecting ----------------------------------------------------------------------
+
+def list_checkpoints(directory: str) -> list:
+    """``[(step, path)]`` of the checkpoints in ``directory``, oldest first (partial directories
+    and the ``best``/``last`` links are not listed)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise UserError(f"cannot list checkpoints in {directory}: {exc.strerror or exc}") from None
+    found = [(int(m.group(1)), m.group(2) is None, os.path.join(directory, n))
+             for n in names if (m := NAME_RE.match(n)) and not os.path.islink(os.path.join(directory, n))]
+    return [(step, path) for step, _, path in sorted(found)]
+
+
+def select_resume(directory: str, warn=None, deep: bool = True) -> str | None:
+    """Path of the newest checkpoint in ``directory`` that verifies (None if there are none;
+    ``deep=False``: that is complete, ``verify``).
+
+    Each corrupt one skipped is reported through ``warn(message)``. If checkpoints exist but
+    none verifies, ``CheckpointError``.
+    """
+    found = list_checkpoints(directory)
+    for _step, path in reversed(found):
+        problems = verify(path, deep)
+        if not problems:
+            return path
+        if warn is not None:
+            warn(f"warning: skipping corrupt checkpoint {path}: {problems[0]}"
+                 + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
+    if found:
+        raise CheckpointError(f"none of the {len(found)} checkpoints in {directory} verifies; "
+                              "remove them or start a new run directory")
+    return None
+
+
+def resolve_path(path: str, deep: bool = True) -> str:
+    """A checkpoint from PATH: a checkpoint (directory, its ``best``/``last`` link, or a format-1
+    file), or the newest valid one of a run directory or its ``checkpoints/``. ``deep=False``:
+    checked for completeness only (the caller verifies what it reads)."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, sharded.MANIFEST)) \
+            and not NAME_RE.match(os.path.basename(os.path.normpath(path))):
+        directory = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
+        chosen = select_resume(directory, warn=lambda m: print(m, file=sys.stderr, flush=True), deep=deep)
+        if chosen is None:
+            raise CheckpointError(f"no checkpoint in {directory}")
+        return chosen
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    problems = verify(path, deep)
+    if problems:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {problems[0]}")
+    return path
+
+
+def check_compatible(meta: dict, model: str, num_params: int | None = None) -> None:
+    """``CheckpointError`` (one line) unless the checkpoint holds this model."""
+    if meta.get("model") != model:
+        raise CheckpointError(f"the checkpoint holds model {meta.get('model')!r}, not {model!r}")
+    if num_params is not None and meta.get("num_params") is not None and int(meta["num_params"]) != num_params:
+        raise CheckpointError(f"the checkpoint's model has {meta['num_params']} parameters but this one has "
+                              f"{num_params} (different --widths?)")
+
+
+# --- writing: partial directories, the commit, links, retention ------------------------------------
 
 def _fsync_dir(directory: str) -> None:
     try:
@@ -39,101 +143,104 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def write_checkpoint(path: str, meta: dict, rank_states, shared: dict | None = None) -> str:
-    """Write one checkpoint file atomically (contents: ``format.write_contents``); return ``path``."""
-    import h5py
+def new_token() -> str:
+    """A random name part, so that two jobs' (or attempts') partial directories never collide."""
+    return secrets.token_hex(4)
 
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            write_contents(f, meta, rank_states, shared)
-            f.flush()
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(directory)
-    except BaseException:
+
+def partial_name(directory: str, step: int, token: str) -> str:
+    """The hidden directory checkpoint ``step`` is written into before its commit."""
+    return os.path.join(directory, f".{checkpoint_name(step)}.partial-{token}")
+
+
+
+def remove_partial(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def commit(partial: str, final: str) -> str:
+    """Rename the complete ``partial`` directory to ``final`` (a checkpoint already there is renamed
+    aside first and deleted after); fsync; return ``final``."""
+    directory = os.path.dirname(final)
+    _fsync_dir(partial)
+    old = None
+    if os.path.lexists(final):
+        old = os.path.join(directory, f".{os.path.basename(final)}.old-{secrets.token_hex(4)}")
+        os.rename(final, old)
+    os.rename(partial, final)
+    _fsync_dir(directory)
+    if old is not None:
+        _remove(old)
+    return final
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
         try:
-            os.unlink(tmp)
+            os.unlink(path)
         except OSError:
             pass
-        raise
-    return path
 
 
-def list_checkpoints(directory: str) -> list:
-    """``[(step, path)]`` of checkpoint files in ``directory``, oldest first."""
+def link_target(directory: str, name: str) -> str | None:
+    """The checkpoint ``directory/name`` (``best`` or ``last``) points to, if it exists."""
+    link = os.path.join(directory, name)
+    if not os.path.islink(link):
+        return None
+    target = os.path.join(directory, os.readlink(link))
+    return target if os.path.exists(target) else None
+
+
+def _point(directory: str, name: str, target: str) -> None:
+    """``directory/name`` -> ``target`` (relative), replaced atomically. A directory of that name
+    (a link turned into a copy by ``cp -r``) is removed first."""
+    link = os.path.join(directory, name)
+    if os.path.isdir(link) and not os.path.islink(link):
+        shutil.rmtree(link)
+    tmp = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(4)}")
+    os.symlink(os.path.basename(target), tmp)
+    os.replace(tmp, link)
+
+
+def _evaluated_accuracy(path: str) -> float | None:
+    """The test accuracy measured on this checkpoint's own global model, if it was evaluated."""
     try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise UserError(f"cannot list checkpoints in {directory}: {exc.strerror or exc}") from None
-    found = [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := NAME_RE.match(n))]
-    return sorted(found)
+        meta = read_meta(path)
+    except CheckpointError:
+        return None
+    acc = (meta.get("eval") or {}).get("test_acc")
+    return float(acc) if acc is not None else None
 
 
-def select_resume(directory: str, warn=None) -> str | None:
-    """Path of the newest checkpoint in ``directory`` that verifies (None if there are none).
-
-    Each corrupt one skipped is reported through ``warn(message)``. If checkpoints exist but
-    none verifies, ``CheckpointError``.
-    """
-    found = list_checkpoints(directory)
-    for _step, path in reversed(found):
-        problems = verify(path)
-        if not problems:
-            return path
-        if warn is not None:
-            warn(f"warning: skipping corrupt checkpoint {path}: {problems[0]}"
-                 + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
-    if found:
-        raise CheckpointError(f"none of the {len(found)} checkpoints in {directory} verifies; "
-                              "remove them or start a new run directory")
-    return None
+def publish(directory: str, newest: str, keep: int) -> None:
+    """After ``newest`` was committed: ``last`` points to it, ``best`` to the checkpoint with the
+    best evaluated accuracy (the newer on a tie), then ``retain``; stale partial directories go."""
+    _point(directory, LAST, newest)
+    best, best_acc = None, None
+    for _step, path in list_checkpoints(directory):
+        acc = _evaluated_accuracy(path)
+        if acc is not None and (best_acc is None or acc >= best_acc):
+            best, best_acc = path, acc
+    if best is not None:
+        _point(directory, BEST, best)
+    retain(directory, keep)
+    for name in os.listdir(directory):
+        if PARTIAL_RE.match(name):
+            _remove(os.path.join(directory, name))
+    _fsync_dir(directory)
 
 
 def retain(directory: str, keep: int) -> list:
-    """Delete all but the newest ``keep`` checkpoint files (``keep=0``: keep all); return the deleted."""
+    """Delete all but the newest ``keep`` checkpoints (``keep=0``: keep all), whole, never those
+    ``best`` and ``last`` point to; return the deleted."""
     if keep <= 0:
         return []
-    found = list_checkpoints(directory)
+    protected = {os.path.realpath(t) for t in (link_target(directory, LAST), link_target(directory, BEST)) if t}
     deleted = []
-    for _, path in found[:-keep]:
-        try:
-            os.unlink(path)
+    for _, path in list_checkpoints(directory)[:-keep]:
+        if os.path.realpath(path) not in protected:
+            _remove(path)
             deleted.append(path)
-        except OSError:
-            pass
     return deleted
-
-
-def resolve_path(path: str) -> str:
-    """A checkpoint file from PATH: the file itself, or the newest valid one in a run or checkpoints directory."""
-    if os.path.isdir(path):
-        directory = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
-        chosen = select_resume(directory, warn=lambda m: print(m, file=sys.stderr, flush=True))
-        if chosen is None:
-            raise CheckpointError(f"no checkpoint in {directory}")
-        return chosen
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    problems = verify(path)
-    if problems:
-        raise CheckpointError(f"checkpoint {path} is corrupt: {problems[0]}")
-    return path
-
-
-def check_compatible(meta: dict, world_size: int, model: str, num_params: int | None = None) -> None:
-    """``CheckpointError`` (one line) unless the checkpoint fits this job."""
-    if int(meta.get("world_size", -1)) != world_size:
-        raise CheckpointError(f"the checkpoint was written by {meta.get('world_size')} ranks but this job has "
-                              f"{world_size}; resume with mpiexec -n {meta.get('world_size')}")
-    if meta.get("model") != model:
-        raise CheckpointError(f"the checkpoint holds model {meta.get('model')!r}, not {model!r}")
-    if num_params is not None and meta.get("num_params") is not None and int(meta["num_params"]) != num_params:
-        raise CheckpointError(f"the checkpoint's model has {meta['num_params']} parameters but this one has "
-                              f"{num_params} (different --widths?)")
-
-

@@ -35,7 +35,12 @@ GRACE = 10.0      # seconds `run` lets the command end after Ctrl-C/SIGTERM befo
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports bad input in one line (exit 2) instead of usage + error."""
+    """argparse that reports bad input in one line (exit 2) instead of usage + error, and takes
+    no abbreviations (``--node`` is not ``--nodes``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise ClusterError(f"{message} (see {PROG} --help)")

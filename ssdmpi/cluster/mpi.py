@@ -3,11 +3,12 @@
 ``mpiexec`` itself runs on node 0, like on a login node: its proxies must reach it over
 the cluster's network, which the host's namespace is not on. It starts node 0's proxy
 itself and the other nodes' through its ``ssh`` launcher, with ``-launcher-exec`` set to
-the cluster's ``launch`` script: it takes hydra's ``ssh``-style arguments (options, host,
-command), and runs the command with ``sh -c`` inside the named node's namespaces, as sshd
-would. Each node's proxy is a separate hydra host, so MPICH maps ranks to nodes by proxy:
-ranks on one node share memory, ranks on different nodes talk TCP (libfabric's ``tcp``
-provider, pinned to the NIC ``eth0``) through the veths and their rate limits.
+the cluster's ``launch`` script (``Cluster.launcher``, written by ``ssdmpi.cluster.nodes``):
+it takes hydra's ``ssh``-style arguments (options, host, command), and runs the command with
+``sh -c`` inside the named node's namespaces, as sshd would. Each node's proxy is a separate
+hydra host, so MPICH maps ranks to nodes by proxy: ranks on one node share memory, ranks on
+different nodes talk TCP (libfabric's ``tcp`` provider, pinned to the NIC ``eth0``) through
+the veths and their rate limits.
 """
 
 from __future__ import annotations
@@ -20,29 +21,6 @@ from ssdmpi.cluster.nodes import NIC, Cluster, ClusterError
 
 # ch4:ofi with libfabric's TCP provider, bound to the node's NIC (lo would be advertised too).
 TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": NIC}
-
-LAUNCH = """#!/bin/sh
-# hydra's "ssh" for cluster {name}: launch [-x|-q|...] HOST COMMAND... runs COMMAND on HOST
-# (written by ssdmpi-cluster up; node -> holder pid, see ssdmpi/cluster/mpi.py)
-while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
-[ $# -ge 2 ] || {{ echo "launch: usage: launch [options] HOST COMMAND" >&2; exit 255; }}
-host=$1; shift
-case "$host" in
-{cases}
-    *) echo "launch: $host is not a node of cluster {name}" >&2; exit 255 ;;
-esac
-exec nsenter -t "$pid" -n -u -m --wd="$PWD" -- sh -c "$*"
-"""
-
-
-def write_launcher(cluster: Cluster) -> str:
-    """Write the cluster's ``launch`` script (the holders must be up); return its path."""
-    cases = "\n".join(f"    {n.host}|n{n.index}|{n.addr}) pid={n.pid} ;;" for n in cluster.nodes)
-    path = cluster.dir / "launch"
-    path.write_text(LAUNCH.format(name=cluster.name, cases=cases))
-    path.chmod(0o755)
-    return str(path)
-
 
 def mpiexec_argv(cluster: Cluster, ranks_per_node: int, cmd: list[str], nodes: int | None = None,
                  cwd: str | None = None) -> list[str]:
@@ -61,7 +39,7 @@ def mpiexec_argv(cluster: Cluster, ranks_per_node: int, cmd: list[str], nodes: i
         raise ClusterError("mpiexec not found on PATH: put MPICH's (hydra) first, "
                            "e.g. export PATH=/work/venv/bin:$PATH")
     hosts = ",".join(f"{n.host}:{ranks_per_node}" for n in cluster.nodes[:nodes])
-    inner = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(cluster.dir / "launch"), "-hosts", hosts,
+    inner = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(cluster.launcher), "-hosts", hosts,
              "-n", str(nodes * ranks_per_node), *cmd]
     return cluster.enter(cluster.nodes[0], inner, cwd)
 

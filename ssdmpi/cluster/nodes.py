@@ -13,7 +13,9 @@ Cluster NAME with N nodes (every name carries the prefix, so clusters coexist):
   Entering a node means ``nsenter`` into the holder's net, UTS and mount namespaces
   (``/sys`` stays the host's, cgroups included);
 - state under ``/run/ssdmpi-cluster/NAME/`` (``SSDMPI_CLUSTER_STATE`` overrides the root):
-  ``state.json``, ``hosts``, and hydra's launcher ``launch`` (see :mod:`ssdmpi.cluster.mpi`).
+  ``state.json``, ``hosts``, and ``launch``: ``launch [options] HOST COMMAND...`` runs COMMAND on
+  node HOST, with ssh's arguments, so that MPICH's hydra can use it as its ``ssh`` launcher
+  (:mod:`ssdmpi.cluster.mpi`).
 
 :meth:`Cluster.down` kills every process in the cluster's namespaces, deletes the namespaces
 (which deletes the veths and the bridge with them) and the state directory; it also finds
@@ -42,6 +44,18 @@ RATE_UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
 TOOLS = ("ip", "tc", "nsenter", "unshare", "mount")
 HOLDER = 'hostname "$1" && mount --bind "$2" /etc/hosts && : > "$3" && exec sleep infinity'
+LAUNCH = """#!/bin/sh
+# hydra's "ssh" for cluster {name}: launch [-x|-q|...] HOST COMMAND... runs COMMAND on HOST
+# (written by ssdmpi-cluster up; node -> holder pid, see ssdmpi/cluster/nodes.py)
+while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+[ $# -ge 2 ] || {{ echo "launch: usage: launch [options] HOST COMMAND" >&2; exit 255; }}
+host=$1; shift
+case "$host" in
+{cases}
+    *) echo "launch: $host is not a node of cluster {name}" >&2; exit 255 ;;
+esac
+exec nsenter -t "$pid" -n -u -m --wd="$PWD" -- sh -c "$*"
+"""
 
 
 class ClusterError(Exception):
@@ -123,6 +137,7 @@ class Cluster:
             raise ClusterError(f"--latency must be a positive number of milliseconds, not {latency_ms}")
         self.name, self.nic, self.latency_ms = name, nic, latency_ms
         self.dir = STATE_ROOT / name
+        self.launcher = self.dir / "launch"   # ``launch HOST COMMAND...`` runs COMMAND on node HOST
         self.switch = f"{name}-sw"
         self.nodes = [Node(i, f"{name}-n{i}", f"{SUBNET}.{i + 1}", f"{name}-n{i}") for i in range(n)]
 
@@ -166,8 +181,7 @@ class Cluster:
                 self._make_node(node)
             for node in self.nodes:
                 node.pid = self._start_holder(node)
-            from ssdmpi.cluster.mpi import write_launcher
-            write_launcher(self)     # it needs the holders' pids
+            self._write_launcher()     # it needs the holders' pids
             self._save()
         except BaseException:
             self.down()
@@ -217,6 +231,12 @@ class Cluster:
                 raise ClusterError(f"node {node.host} did not start: {text or 'timed out'}")
             time.sleep(0.02)
         return proc.pid
+
+    def _write_launcher(self) -> None:
+        """Write ``launcher`` (the holders must be up: it enters a node through its holder)."""
+        cases = "\n".join(f"    {n.host}|n{n.index}|{n.addr}) pid={n.pid} ;;" for n in self.nodes)
+        self.launcher.write_text(LAUNCH.format(name=self.name, cases=cases))
+        self.launcher.chmod(0o755)
 
     def _save(self) -> None:
         state = {"name": self.name, "nic": self.nic, "latency_ms": self.latency_ms,

@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 
+from .mpi_env import loaded_mpi
 from .shm import unlink_own_segments
 
 ABORT_GRACE_S = 0.5   # seconds between printing the reason and MPI_Abort (see abort_job)
@@ -38,7 +39,7 @@ def launcher_size() -> int:
 
 def world_rank_size() -> tuple[int, int]:
     """``(rank, size)`` of COMM_WORLD if MPI is initialised, else what the launcher announced."""
-    MPI = sys.modules.get("mpi4py.MPI")
+    MPI = loaded_mpi()
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     return launcher_rank(), launcher_size()
@@ -58,7 +59,7 @@ def abort_job(message: str, exit_code: int = 1) -> None:
         sys.stdout.flush()
     except Exception:
         pass
-    MPI = sys.modules.get("mpi4py.MPI")
+    MPI = loaded_mpi()
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() and size > 1:
         # The launcher forwards our stderr through a pipe; MPI_Abort tears the job down at
         # once and can drop what is still in that pipe (seen with MPICH's hydra: the message

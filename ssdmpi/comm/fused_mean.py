@@ -1,7 +1,7 @@
 """The blocking mean allreduce of a host buffer, with the division by ``N`` done in cache.
 
 An MPI allreduce followed by ``buf /= N`` reads and writes the whole result once more: on
-shared memory that pass cost 15-35% of a 1-16 MB allreduce (BENCHMARKS.md section 12). Here the
+shared memory that pass cost 15-35% of a 1-16 MB allreduce (CHANGELOG.md, 2026-12-02, "The fused mean"). Here the
 reduction is written with point-to-point buffer calls so that the last addition of every
 element and its division happen on the same cache-resident piece:
 
@@ -21,10 +21,13 @@ element and its division happen on the same cache-resident piece:
 Every element is reduced and divided once, by its owner, then copied: every rank gets the same
 bytes. At ``N <= 2`` they are the bytes of MPI's sum divided afterwards (``a + b`` is
 commutative). Below ``MIN_BYTES`` the few extra calls cost more than the pass they save, and
-the Communicator uses MPI's allreduce and a division instead. Measured: BENCHMARKS.md section 14.
+the Communicator uses MPI's allreduce and a division instead. Measured: BENCHMARKS.md,
+"Communicator vs raw mpi4py, and overlap per progress strategy".
 """
 
 from __future__ import annotations
+
+from ssdmpi.comm.mpi_env import load_mpi
 
 PIECE_BYTES = 1 << 20     # one exchanged piece: fits in L2 with the piece it is added into
 MIN_BYTES = 1 << 18       # smaller buffers: MPI_Allreduce + one division pass
@@ -102,8 +105,7 @@ class FusedMean:
     def __call__(self, buf) -> None:
         """Blocking, collective, in place: ``buf <- mean over ranks``. ``buf``: a 1-D C-contiguous
         float NumPy array of the same length on every rank. Every rank gets the same bytes."""
-        from mpi4py import MPI
-
+        MPI = load_mpi()
         size = self.size
         if size == 1:
             return

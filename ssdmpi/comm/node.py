@@ -28,6 +28,7 @@ import dataclasses
 import os
 import socket
 
+from ssdmpi.comm.mpi_env import load_mpi
 from ssdmpi.errors import UserError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -82,9 +83,7 @@ def discover() -> Node:
     one follows the transport, and with shared memory turned off (``MPIR_CVAR_NOLOCAL=1``, as
     ``bin/ssdmpi-netns`` does to force every byte through TCP) each rank is its own "node" while
     the ranks still share the host's CPUs."""
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
+    world = load_mpi().COMM_WORLD
     host, mine = socket.gethostname(), usable_cpus()
     hosts = sorted(set(world.allgather(host)))
     local = world.Split(hosts.index(host), world.Get_rank())
@@ -107,7 +106,8 @@ def choose_threads(node: Node, requested: int | None, environ=None) -> tuple[int
     if given:
         return None, f"{', '.join(given)} set by the user"
     n = max(1, min(node.cpus, node.node_cpus // node.local_size))
-    return n, f"{node.node_cpus} usable CPUs on {node.host} / {node.local_size} local ranks"
+    ranks = "1 local rank" if node.local_size == 1 else f"{node.local_size} local ranks"
+    return n, f"{node.node_cpus} usable CPUs on {node.host} / {ranks}"
 
 
 def launcher_bound_gpu(environ) -> str | None:

@@ -111,7 +111,7 @@ def unlink_own_segments(shm_dir: Path = SHM_DIR) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.comm.shm",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.comm.shm",
                                      description="List (or remove) stale MPI shared-memory segments in /dev/shm.")
     parser.add_argument("--clean", action="store_true", help="remove them (default: only list them)")
     parser.add_argument("--min-age", type=float, default=MIN_AGE_S, metavar="S",

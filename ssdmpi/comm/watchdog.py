@@ -24,6 +24,7 @@ import threading
 import time
 
 from ssdmpi.comm.abort import abort_job
+from ssdmpi.comm.mpi_env import load_mpi
 
 QUERY_TAG, REPLY_TAG = 1, 2
 
@@ -38,9 +39,7 @@ class StallWatchdog:
     """
 
     def __init__(self, comm, timeout: float, reply_window: float | None = None):
-        from mpi4py import MPI
-
-        self.MPI = MPI
+        self.MPI = MPI = load_mpi()
         self.timeout = float(timeout)
         self.poll = min(0.25, self.timeout / 4)
         self.reply_window = reply_window if reply_window is not None else min(5.0, max(3.0, self.timeout))

@@ -14,13 +14,12 @@ which is fine here: no communication or watchdog thread exists yet.
 
 from __future__ import annotations
 
+from ssdmpi.comm.mpi_env import load_mpi
 from ssdmpi.errors import UserError
 
 
 def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return load_mpi().COMM_WORLD
 
 
 def rank_and_size() -> tuple[int, int]:

@@ -7,7 +7,7 @@ Public API (imported lazily, so ``ssdmpi --help`` does not pay for NumPy or h5py
     ShardedLoader(x, y, batch_size, rank, world_size, seed, augment=None, prefetch=False)
     evaluation_shard(n, rank, world_size) -> slice            # ssdmpi.data.loader
     Augment(pad=4, flip=True, seed=None), parse_augment(spec) # ssdmpi.data.augment
-    DATASETS, DEFAULT_DATASET ("digits")                      # the dataset names
+    DATASETS                                                  # the dataset names
     clear_cache()                                             # drop the in-memory dataset cache
 
 See ``ssdmpi/data/datasets.py`` for the normalisation and where each dataset is
@@ -22,7 +22,6 @@ import importlib
 _EXPORTS = {
     "Dataset": "ssdmpi.data.datasets",
     "DATASETS": "ssdmpi.data.names",
-    "DEFAULT_DATASET": "ssdmpi.data.names",
     "clear_cache": "ssdmpi.data.datasets",
     "RawSplits": "ssdmpi.data.datasets",
     "load_dataset": "ssdmpi.data.datasets",

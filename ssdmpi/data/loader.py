@@ -15,11 +15,15 @@ Sharding policy (``ShardedLoader``), with W ranks, per-rank batch B and N sample
   ``world_size=1`` loader with batch ``W*B`` and the same seed, so SSGD on W ranks with
   batch B sees the same data as single-process SGD with batch W*B.
 
-The position (epoch, step) is all the state: permutation and augmentation draws are
-pure functions of (seed, epoch, step), so ``load_state_dict(state_dict())`` resumes
-exactly, and prefetching (a background thread building the next batch) cannot
-change the sequence. No MPI in here: rank and world size are plain integers, so a
-single-process simulator can build one loader per simulated rank.
+The position is all the state: the epoch and the *global sample offset* into ``perm_e``
+(``step * W*B``: the samples every rank together took so far this epoch). Permutation and
+augmentation draws are pure functions of (seed, epoch, offset), so
+``load_state_dict(state_dict())`` resumes exactly, and prefetching (a background thread
+building the next batch) cannot change the sequence. The order does not depend on how the
+global batch is split: a loader of ``W'`` ranks x ``W*B/W'`` resumed at the same offset
+continues the epoch with the same global batches, no sample dropped or repeated. No MPI
+in here: rank and world size are plain integers, so a single-process simulator can build
+one loader per simulated rank.
 """
 
 from __future__ import annotations
@@ -157,10 +161,12 @@ class ShardedLoader:
     # ------------------------------------------------------------------ save / restore
 
     def state_dict(self) -> dict:
-        """The position and the settings it depends on, as plain ints (storable as HDF5 attributes)."""
+        """The position (``epoch``, ``sample_offset``; ``step_in_epoch`` = offset / global batch) and
+        the settings it depends on, as plain ints (storable as HDF5 attributes)."""
         aug = self.augment
         return {
-            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "seed": self.seed,
+            "epoch": self.epoch, "sample_offset": self.step_in_epoch * self.global_batch_size,
+            "step_in_epoch": self.step_in_epoch, "seed": self.seed,
             "num_samples": self.num_samples, "global_batch_size": self.global_batch_size,
             "batch_size": self.batch_size, "world_size": self.world_size,
             "augment_pad": aug.pad if aug else 0, "augment_flip": int(bool(aug and aug.flip)),
@@ -180,6 +186,9 @@ class ShardedLoader:
                 raise UserError(f"the saved data-loader state has {key}={int(state[key])}, this run {mine[key]}; "
                                 "resume with the same data, seed, global batch and augmentation")
         epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
+        if "sample_offset" in state:
+            offset = int(state["sample_offset"])
+            step = offset // self.global_batch_size if offset % self.global_batch_size == 0 else -1
         if epoch < 0 or not 0 <= step < self.steps_per_epoch:
             raise UserError(f"the saved data-loader position (epoch {epoch}, step {step}) is out of range")
         self.epoch, self.step_in_epoch = epoch, step

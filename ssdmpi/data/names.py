@@ -2,4 +2,3 @@
 module that imports nothing, so that ``ssdmpi train --help`` can list them without NumPy."""
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "hdf5", "synthetic")
-DEFAULT_DATASET = "digits"

@@ -65,7 +65,7 @@ def models(log: PartLog, cupy) -> None:
 
 def optimizer_cases(xp, n: int = 300_001, dtype=np.float32):
     """``{name: (run, buffers)}``: each fused update on ``xp`` buffers made from the same seeded
-    host values (the layout of ``ssdmpi/optim/fused_bench.py``'s cases, with a 0/1 decay mask)."""
+    host values (the layout of ``ssdmpi/verify/fused_bench.py``'s cases, with a 0/1 decay mask)."""
     from ssdmpi.optim import fused
 
     rng = np.random.default_rng(0)
@@ -106,7 +106,7 @@ def optimizers(log: PartLog, cupy) -> None:
 
 def engine(log: PartLog, cupy, repeats: int = 20) -> None:
     """ssdmpi's CuPy step vs PyTorch CUDA (same model, weights and batch), interleaved medians."""
-    from ssdmpi.nn.torch_ref import torch_available
+    from ssdmpi.verify.torch_ref import torch_available
 
     ok, version = torch_available()
     if not ok:
@@ -138,7 +138,7 @@ def _engine_medians(cupy, torch, name, shape, options, batch, repeats) -> dict:
     import torch.nn.functional as F
 
     from ssdmpi.nn import build_model
-    from ssdmpi.nn.torch_ref import build_torch_model
+    from ssdmpi.verify.torch_ref import build_torch_model
 
     model = build_model(name, shape, 10, xp=cupy, seed=0, **options)
     twin = build_torch_model(model).cuda()
@@ -221,7 +221,7 @@ def training(log: PartLog, cupy, work: str, steps: int = 300) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.gpucheck.parts")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.gpucheck.parts")
     parser.add_argument("part", choices=("models", "optimizers", "engine", "training"))
     parser.add_argument("file", help="where this part's checks are written (JSON)")
     parser.add_argument("--work", default=None, help="scratch folder (training runs)")

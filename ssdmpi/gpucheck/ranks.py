@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from ssdmpi import backend
+from ssdmpi.comm import mpi_env, world
 from ssdmpi.gpucheck.report import PartLog
 
 F, CLASSES, B = 10, 3, 4
@@ -56,20 +57,19 @@ def worst_rel(mine, ref) -> float:
 
 
 def compare_one(comm, cupy, settings: dict, dtype, progress: str, transport: str) -> tuple[float, bool]:
-    """Run ``settings`` on CuPy next to the reference; ``(worst relative difference, replicas equal)``."""
-    from mpi4py import MPI
-
+    """Run ``settings`` on CuPy next to the reference, over the ranks of ``comm`` (an mpi4py
+    communicator, None: all); ``(worst relative difference, replicas equal)``."""
     from ssdmpi.algos import AlgoConfig, build_algorithm
     from ssdmpi.algos.reference import Simulation
     from ssdmpi.comm.communicator import Communicator
     from ssdmpi.data import ShardedLoader as Loader
 
-    N, rank = comm.Get_size(), comm.Get_rank()
-    cfg = AlgoConfig(warmup_steps=3, lr=0.05, **settings)
-    k = cfg.validate(N).delay or 1
-    x, y = dataset(dtype)
     worst, same = 0.0, True
     with Communicator(comm, progress=progress, transport=transport) as c:
+        N, rank = c.size, c.rank
+        cfg = AlgoConfig(warmup_steps=3, lr=0.05, **settings)
+        k = cfg.validate(N).delay or 1
+        x, y = dataset(dtype)
         algo = build_algorithm(cfg, tiny_mlp(cupy, dtype)(), c)
         loader = Loader(x, y, B, rank, N, seed=7)
         sim = Simulation(cfg, tiny_mlp(np, dtype), [Loader(x, y, B, r, N, seed=7) for r in range(N)], N)
@@ -82,7 +82,7 @@ def compare_one(comm, cupy, settings: dict, dtype, progress: str, transport: str
             if sim.stage == "delay":
                 worst = max(worst, worst_rel(algo.local_weights(), sim.L[rank]))
             digest = hashlib.sha256(backend.to_host(algo.global_weights()).tobytes()).hexdigest()
-            same = same and len(set(MPI.COMM_WORLD.allgather(digest))) == 1
+            same = same and not c.any_true(c.broadcast_object(digest) != digest)
         algo.finalize()
         sim.finalize()
         worst = max(worst, worst_rel(algo.global_weights(), sim.W))
@@ -96,13 +96,12 @@ def compare_asgd(comm, cupy, transport: str) -> float:
     from ssdmpi.comm.communicator import Communicator
     from ssdmpi.data import ShardedLoader as Loader
 
-    rank = comm.Get_rank()
     cfg = AlgoConfig(algo="asgd", servers=1, asgd_order="round-robin", warmup_steps=3, lr=0.05)
     x, y = dataset(np.float64)
     worst = 0.0
     with Communicator(comm, transport=transport) as c:
         algo = build_algorithm(cfg, tiny_mlp(cupy, np.float64)(), c)
-        loader = Loader(x, y, B, 0, 1, seed=7) if rank == 0 else None
+        loader = Loader(x, y, B, 0, 1, seed=7) if c.rank == 0 else None
         sim = ASGDSimulation(cfg, tiny_mlp(np, np.float64), [Loader(x, y, B, 0, 1, seed=7)], 2)
         for _ in range(12):
             batch = loader.next_batch() if loader else (None, None)
@@ -114,8 +113,15 @@ def compare_asgd(comm, cupy, transport: str) -> float:
 
 
 def algorithms(log: PartLog | None, comm, cupy, transport: str) -> None:
-    from mpi4py import MPI
+    """Every case of ``CONFIGS`` (and asgd) against the reference; ``verdicts``, a Communicator of
+    its own, gathers each case's worst difference over the ranks, even after a case failed."""
+    from ssdmpi.comm.communicator import Communicator
 
+    with Communicator(comm, progress="blocking", stall_timeout=None) as verdicts:
+        _algorithms(log, comm, cupy, transport, verdicts)
+
+
+def _algorithms(log: PartLog | None, comm, cupy, transport: str, verdicts) -> None:
     cases = [(s, np.float64, "thread") for s in CONFIGS]
     cases += [(dict(algo="ssd", comm="step", delay=2), np.float64, "test"),
               (dict(algo="ssd", comm="step", delay=2), np.float32, "thread")]
@@ -127,8 +133,8 @@ def algorithms(log: PartLog | None, comm, cupy, transport: str) -> None:
             error = ""
         except Exception as exc:   # recorded, and the other rank told, so neither waits for the other
             worst, same, error = float("inf"), False, f"{type(exc).__name__}: {exc}"
-        worst = max(MPI.COMM_WORLD.allgather(worst))
-        same = all(MPI.COMM_WORLD.allgather(same))
+        worst = verdicts.allreduce_scalars({"worst": worst}, "max")["worst"]
+        same = not verdicts.any_true(not same)
         if log is not None:
             log.check(f"{transport}: {name} vs reference", worst <= tol and same, value=worst,
                       goal=f"<= {tol:g} rel; W equal on both ranks", detail=error)
@@ -136,7 +142,7 @@ def algorithms(log: PartLog | None, comm, cupy, transport: str) -> None:
         worst, error = compare_asgd(comm, cupy, transport), ""
     except Exception as exc:
         worst, error = float("inf"), f"{type(exc).__name__}: {exc}"
-    worst = max(MPI.COMM_WORLD.allgather(worst))
+    worst = verdicts.allreduce_scalars({"worst": worst}, "max")["worst"]
     if log is not None:
         log.check(f"{transport}: asgd round-robin float64 vs reference", worst <= 1e-9, value=worst,
                   goal="<= 1e-9 rel", detail=error)
@@ -155,8 +161,6 @@ def _matmuls(a, seconds_each: float) -> int:
 
 def overlap(log: PartLog | None, comm, xp, transport: str = "host", mb: int = 64, rounds: int = 5) -> None:
     """Allreduce of ``mb`` MB alone, GPU compute alone (about twice as long), then both at once."""
-    from mpi4py import MPI
-
     from ssdmpi.comm.communicator import Communicator
 
     with Communicator(comm, transport=transport) as c:
@@ -168,7 +172,7 @@ def overlap(log: PartLog | None, comm, xp, transport: str = "host", mb: int = 64
             c.allreduce_start(buf, average=False).wait()
             sync()
 
-        t_comm = _median_time(comm_alone, comm, rounds)
+        t_comm = _median_time(comm_alone, c, rounds)
         n = _matmuls(a, 2 * t_comm)
 
         def compute_alone():
@@ -183,24 +187,25 @@ def overlap(log: PartLog | None, comm, xp, transport: str = "host", mb: int = 64
             handle.wait()
             sync()
 
-        t_compute = _median_time(compute_alone, comm, rounds)
+        t_compute = _median_time(compute_alone, c, rounds)
         c.stats.reset()
-        t_both = _median_time(both, comm, rounds)
+        t_both = _median_time(both, c, rounds)
         stats = c.stats.snapshot()
         hidden = (t_comm + t_compute - t_both) / t_comm
         value = {"hidden": hidden, "comm_ms": t_comm * 1e3, "compute_ms": t_compute * 1e3, "both_ms": t_both * 1e3,
                  "stat_overlap": stats.get("overlap"), "progress": c.strategy, "transport": c.transport.name}
-        hidden = min(MPI.COMM_WORLD.allgather(hidden))
+        hidden = c.allreduce_scalars({"hidden": hidden}, "min")["hidden"]
         if log is not None:
             log.check(f"overlap: {mb} MB allreduce ({c.transport.name}, --progress {c.strategy}) behind GPU compute",
                       hidden >= 0.95, value=value, goal="hidden fraction >= 0.95 (worst rank)")
 
 
 def _median_time(fn, comm, rounds: int) -> float:
-    """Median wall time of ``fn`` over ``rounds`` (after one warm-up), ranks starting together."""
+    """Median wall time of ``fn`` over ``rounds`` (after one warm-up), the ranks of the
+    Communicator ``comm`` starting together."""
     times = []
     for r in range(rounds + 1):
-        comm.Barrier()
+        comm.barrier()
         t0 = time.perf_counter()
         fn()
         if r:
@@ -209,29 +214,27 @@ def _median_time(fn, comm, rounds: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ssdmpi.gpucheck.ranks")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.gpucheck.ranks")
     parser.add_argument("part", choices=("algorithms", "overlap"))
     parser.add_argument("file")
     parser.add_argument("--transport", default="host", choices=("host", "cuda-aware"))
     parser.add_argument("--numpy", action="store_true",
                         help="the harness on NumPy, no GPU (its tests: it proves nothing about a GPU)")
     args = parser.parse_args(argv)
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    log = PartLog(args.file, f"{args.part}-{args.transport}") if comm.Get_rank() == 0 else None
+    rank, size = world.rank_and_size()
+    log = PartLog(args.file, f"{args.part}-{args.transport}") if rank == 0 else None
     if args.numpy:
         cupy = backend.select("cpu")
     else:
         backend.bind_gpu(0)                    # both ranks share the one GPU
         cupy = backend.select("gpu")
     if log is not None:
-        log.note(f"{comm.Get_size()} ranks on one GPU; transport {args.transport}; "
-                 f"{MPI.Get_library_version().splitlines()[0]}")
+        log.note(f"{size} ranks on one GPU; transport {args.transport}; "
+                 f"{mpi_env.library_version().splitlines()[0]}")
     if args.part == "algorithms":
-        algorithms(log, comm, cupy, args.transport)
+        algorithms(log, None, cupy, args.transport)
     else:
-        overlap(log, comm, cupy, args.transport)
+        overlap(log, None, cupy, args.transport)
     return 0
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from ssdmpi.comm import mpi_env
 from ssdmpi.gpucheck.report import Report
 
 # (part, budget in seconds, where it runs): "one" = one process, "two" = mpiexec -n 2 (one GPU shared).
@@ -42,18 +43,8 @@ def mpiexec() -> str:
 
 @functools.lru_cache(maxsize=1)
 def mpi_library() -> str:
-    """The MPI library's version text, asked in a child process: this one stays out of MPI (an
-    MPI singleton parent can upset the mpiexec it starts), and an uninitialised mpi4py import
-    here would break any later MPI use in the same process."""
-    code = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version())"
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"MPI unavailable ({type(exc).__name__}: {exc})"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"MPI unavailable ({last})"
-    return proc.stdout.strip()
+    """The MPI library's version text, asked without starting MPI in this process (``mpi_env``)."""
+    return mpi_env.library_version()
 
 
 def cuda_aware_mpi() -> tuple[bool, str]:
@@ -111,7 +102,8 @@ def run_part(part: str, budget: float, cmd: list[str], part_file: str, log_path:
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="ssdmpi-gpucheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="ssdmpi-gpucheck",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.json, report.md and logs")
     parser.add_argument("--parts", default=",".join(p for p, _, _ in PARTS),
                         help=f"comma-separated subset of: {', '.join(p for p, _, _ in PARTS)}")

@@ -11,8 +11,7 @@ NumPy on the CPU, CuPy on a GPU (pass ``xp=``), no deep-learning framework at ru
 Models: ``mlp`` (``widths``, ``dropout``), ``wide-mlp``, ``lenet5``, ``resnet20`` (``shortcut``
 "A"/"B"); see ``models.py``. Layers: ``layers.py`` (Linear, ReLU, Flatten, Dropout, layout
 changes), ``conv.py`` (Conv2d, MaxPool2d, GlobalAvgPool2d), ``norm.py`` (BatchNorm),
-``residual.py`` (BasicBlock). ``gradcheck.py`` checks gradients by finite differences;
-``torch_ref.py`` builds PyTorch twins for tests and ``ssdmpi bench engine``.
+``residual.py`` (BasicBlock). Gradient checks and the PyTorch twins: ``ssdmpi/verify/``.
 """
 
 from ssdmpi.nn.flat import FlatParams, ParamSpec

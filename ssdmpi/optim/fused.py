@@ -21,7 +21,7 @@ every element is still multiplied by the same value, and the constant costs no m
 
 Buffers must be 1-D, C-contiguous, of the plan's size and dtype (checked at each call).
 The unfused forms, kept as the test oracle and the benchmark baseline, are in
-``ssdmpi/optim/fused_bench.py`` (``python -m ssdmpi.optim.fused_bench`` times both).
+``ssdmpi/verify/fused_bench.py`` (``python -m ssdmpi.verify.fused_bench`` times both).
 """
 
 from __future__ import annotations

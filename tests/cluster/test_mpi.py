@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ssdmpi import checkpoint
 from tests.cluster.conftest import ROOT, mpirun
 from tests.conftest import run_cli
 
@@ -61,13 +61,13 @@ SSGD = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--algo", "ss
 
 
 def final_checkpoint(run_dir: Path) -> Path:
-    return sorted((run_dir / "checkpoints").glob("ckpt-*.h5"))[-1]
+    return sorted(p.parent for p in (run_dir / "checkpoints").glob("ckpt-*/manifest.json"))[-1]
 
 
 def global_weights(run_dir: Path) -> np.ndarray:
-    with h5py.File(final_checkpoint(run_dir), "r") as f:
-        assert int(f.attrs["step"]) == 30
-        return f["model/global_weights"][()]
+    meta, weights, _ = checkpoint.read_model(str(final_checkpoint(run_dir)))
+    assert meta["step"] == 30
+    return weights
 
 
 def train(cluster, nodes, ranks_per_node, batch, run_dir):
@@ -89,19 +89,27 @@ def test_ssgd_float64_two_nodes_equals_one_node_and_one_process(ns_cluster, tmp_
     assert np.abs(across - single).max() <= 1e-10 * scale
 
 
+# Train through the Python API, then compare every rank's W (the checkpoint stores W once).
+PERIOD_SCRIPT = """
+import hashlib, sys
+from mpi4py import MPI
+import ssdmpi
+result = ssdmpi.train(dict(dataset="digits", model="mlp", algo="ssd", comm="period", delay=3, warmup_steps=10,
+                           steps=60, batch_size=8, seed=5, eval_every=0, log_every=10, progress_bar=False,
+                           run_dir=sys.argv[1]))
+hashes = MPI.COMM_WORLD.allgather(hashlib.sha256(result.model.params.tobytes()).hexdigest())
+assert result.exit_code == 0 and len(set(hashes)) == 1, f"W differs between ranks: {hashes}"
+print(f"ranks agree on W: {len(hashes)} ranks")
+"""
+
+
 def test_ssd_period_on_two_nodes_trains_with_the_same_w_on_every_rank(ns_cluster, tmp_path):
     run_dir = tmp_path / "period"
-    cmd = [sys.executable, "-m", "ssdmpi", "train", "--dataset", "digits", "--model", "mlp", "--algo", "ssd",
-           "--comm", "period", "--delay", "3", "--warmup-steps", "10", "--steps", "60", "--batch-size", "8",
-           "--seed", "5", "--eval-every", "0", "--log-every", "10", "--no-progress-bar", "--run-dir", str(run_dir)]
-    r = mpirun(ns_cluster, 2, cmd, tmp_path)
+    r = mpirun(ns_cluster, 2, [sys.executable, "-c", PERIOD_SCRIPT, str(run_dir)], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "on 4 ranks" in r.stdout, r.stdout
-    with h5py.File(final_checkpoint(run_dir), "r") as f:
-        assert (int(f.attrs["step"]), int(f.attrs["world_size"])) == (60, 4)
-        hashes = {hashlib.sha256(f[f"rank_{k:04d}/algo/W"][()].tobytes()).hexdigest() for k in range(4)}
-        w = f["model/global_weights"][()]
-    assert len(hashes) == 1, f"W differs between ranks: {hashes}"
+    assert "on 4 ranks" in r.stdout and "ranks agree on W: 4 ranks" in r.stdout, r.stdout
+    meta, w, _ = checkpoint.read_model(str(final_checkpoint(run_dir)))
+    assert (meta["step"], meta["world_size"]) == (60, 4)
     assert np.isfinite(w).all()
     r = run_cli(["ckpt", "inspect", str(final_checkpoint(run_dir))], cwd=ROOT)
-    assert r.returncode == 0 and "world size 4" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and ", 4 ranks," in r.stdout and "checksums: ok" in r.stdout, r.stdout + r.stderr

@@ -7,7 +7,8 @@
   resumes, and ends bit for bit where the uninterrupted job ended;
 - killing one node's ranks mid-job ends the job within 60 s, failed, with srun naming the
   lost tasks, and a resubmission into the same run directory (the template always passes
-  ``--resume auto``) continues from the last checkpoint to the end.
+  ``--resume auto``) on the one node left (2 ranks instead of 4, the same command line)
+  continues from the last complete checkpoint to the end, saying it was resized.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ HELLO = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
          "sep=chr(10), flush=True)")
 
 
-def submit_train(slurm, cwd: Path, *extra: str, **env) -> tuple[int, Path, Path]:
-    job = slurm.sbatch(JOBS / "train.sbatch", *TWO_NODES, *extra, cwd=cwd,
+def submit_train(slurm, cwd: Path, *extra: str, nodes: tuple = TWO_NODES, **env) -> tuple[int, Path, Path]:
+    job = slurm.sbatch(JOBS / "train.sbatch", *nodes, *extra, cwd=cwd,
                        env={"SSDMPI_ARGS": TRAIN_ARGS, "SSDMPI": SSDMPI, **env})
     return job, cwd / "runs" / f"ssdmpi-train-{job}", cwd / f"ssdmpi-train-{job}.out"
 
@@ -121,7 +122,8 @@ def trainer_pids(cluster, node) -> list[int]:
     return pids
 
 
-def test_losing_a_node_fails_the_job_fast_and_a_resubmission_resumes(ns_slurm, uninterrupted, tmp_path):
+def test_losing_a_node_fails_the_job_fast_and_a_resubmission_on_the_node_left_resumes(ns_slurm, uninterrupted,
+                                                                                       tmp_path):
     cluster = ns_slurm.cluster
     lost = cluster.nodes[1]
     job, run_dir, out = submit_train(ns_slurm, tmp_path)
@@ -141,10 +143,17 @@ def test_losing_a_node_fails_the_job_fast_and_a_resubmission_resumes(ns_slurm, u
     last = int(final_state(run_dir)["step"])
     assert 0 < last < STEPS, why
 
-    again, _, out2 = submit_train(ns_slurm, tmp_path, RUN_DIR=str(run_dir))
+    # the same command line, on the one node left: 2 ranks, each with twice the batch
+    again, _, out2 = submit_train(ns_slurm, tmp_path, nodes=("-N", "1", "--ntasks-per-node", "2"),
+                                  RUN_DIR=str(run_dir))
     (record,) = ns_slurm.wait_done(again, JOB_TIMEOUT, [out2])
     why = ns_slurm.explain(again, [out2])
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", why
+    assert record["NumNodes"] == "1", why
     starts = records(run_dir, "start")
-    assert [s["step"] for s in starts] == [0, last], why
-    assert final_state(run_dir)["step"] == STEPS
+    assert [(s["step"], s["world_size"]) for s in starts] == [(0, 4), (last, 2)], why
+    (resize,) = records(run_dir, "resize")
+    assert (resize["step"], resize["from_ranks"], resize["to_ranks"], resize["batch_size"]) == (last, 4, 2, [4, 8])
+    assert "resumed on another number of ranks (4 -> 2)" in out2.read_text(), why
+    final = final_state(run_dir)
+    assert final["step"] == STEPS and final["world_size"] == 2

@@ -166,8 +166,8 @@ def test_poll_strategy_completes_without_the_caller(comm):
     try:
         buf = rank_data(c.rank, 1 << 20)
         handle = c.allreduce_start(buf)
-        assert c._poller.settled.wait(30), "the poller did not complete the request"
-        assert c._poller.polls > 0
+        assert c.grads._poller.settled.wait(30), "the poller did not complete the request"
+        assert c.grads._poller.polls > 0
         handle.wait()
         np.testing.assert_allclose(buf, reference_mean(c.size, 1 << 20), rtol=1e-5, atol=1e-6)
         assert same_bytes_everywhere(comm, buf)
@@ -328,11 +328,11 @@ def test_the_context_manager_frees_the_communicator(comm):
         buf = rank_data(c.rank, 100)
         c.allreduce_start(buf)             # left in flight: leaving the block completes it
     np.testing.assert_allclose(buf, reference_mean(c.size, 100), rtol=1e-5, atol=1e-6)
-    assert c._thread is None and c._watchdog is None     # helper threads stopped
+    assert c.grads._thread is None and c.ops.watchdog is None     # helper threads stopped
     with pytest.raises(RuntimeError, match="boom"):      # an exception: threads stop, nothing collective
         with Communicator(comm, progress="thread") as c:
             raise RuntimeError("boom")
-    assert c._thread is None and c._watchdog is None
+    assert c.grads._thread is None and c.ops.watchdog is None
 
 
 def test_bad_settings_are_user_errors(comm):

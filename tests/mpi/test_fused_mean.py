@@ -89,7 +89,7 @@ def test_communicator_blocking_mean_of_large_buckets_uses_it(comm):
     n = 3 * (fused_mean.MIN_BYTES // 4) + 17          # three full buckets and a 68-byte one
     xs = inputs(size, n, np.float32)
     with Communicator(comm, progress="blocking", bucket_bytes=fused_mean.MIN_BYTES) as c:
-        c._fused_mean = recording = Recording(c._fused_mean)
+        c.grads._fused_mean = recording = Recording(c.grads._fused_mean)
         buf = xs[comm.Get_rank()].copy()
         c.allreduce_mean(buf)
     np.testing.assert_allclose(buf, mean_of(xs), rtol=1e-5, atol=1e-6)

@@ -34,7 +34,7 @@ def test_ssd_with_test_progress_drives_the_request_in_flight_between_layers():
         assert model.between_layers == comm.progress
         counted = []
         real_progress = comm.progress
-        model.between_layers = lambda: (counted.append(len(comm._pending)), real_progress())
+        model.between_layers = lambda: (counted.append(len(comm.grads.pending)), real_progress())
         rng = np.random.default_rng(comm.rank)
         for _ in range(4):
             algo.step(rng.standard_normal((8, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 8))

@@ -36,6 +36,7 @@ import pytest
 from tests.slurm.conftest import JOBS, ROOT
 
 h5py = pytest.importorskip("h5py")
+from tests.checkpoints import fields  # noqa: E402 (needs h5py)
 
 # Small settings for every job. The signal, sent once step 20 is logged, reaches the ranks
 # 0.1-0.3 s later (the poll, scancel, slurmstepd, the batch shell's trap, the launcher): the
@@ -89,18 +90,18 @@ def records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint files of a run, oldest step first."""
-    return sorted((run_dir / "checkpoints").glob("ckpt-*.h5"))
+    """Checkpoints of a run (complete: their manifest is there), oldest step first."""
+    return sorted(p.parent for p in (run_dir / "checkpoints").glob("ckpt-*/manifest.json"))
 
 
 def final_state(run_dir: Path) -> dict:
-    """The newest checkpoint's step, global weights W and every rank's parameters."""
-    path = checkpoints(run_dir)[-1]
-    with h5py.File(path, "r") as f:
-        state = {"step": int(f.attrs["step"]), "world_size": int(f.attrs["world_size"]),
-                 "W": f["model/global_weights"][()]}
-        for r in range(state["world_size"]):
-            state[f"rank{r}"] = f[f"rank_{r:04d}/model/params"][()]
+    """The newest checkpoint's step, global model W (finalized, in a final checkpoint) and every rank's
+    local model L."""
+    saved = fields(str(checkpoints(run_dir)[-1]))
+    state = {"step": saved["meta/step"], "world_size": saved["meta/world_size"],   # W: the model evaluated
+             "W": saved.get("shared/model/global_weights", saved["shared/algo/W"])}
+    for r in range(state["world_size"]):
+        state[f"rank{r}"] = saved[f"rank_{r:04d}/algo/L"]
     return state
 
 
@@ -227,7 +228,7 @@ def test_preempted_job_checkpoints_requeues_and_matches_uninterrupted_run(slurm_
     assert len(starts) == 2, why
     stopped = [c for c in records(run_dir, "checkpoint") if c["step"] < STEPS and "signal" in str(c.get("reason"))]
     assert stopped, f"no checkpoint taken on the signal before step {STEPS}\n{why}"
-    assert any(re.search(rf"ckpt-0*{stopped[0]['step']}\.h5$", str(p)) for p in checkpoints(run_dir))
+    assert any(re.search(rf"ckpt-0*{stopped[0]['step']}$", str(p)) for p in checkpoints(run_dir))
 
     # Bitwise the same final state as the run that was never interrupted.
     got, want = final_state(run_dir), final_state(uninterrupted[1])
@@ -267,7 +268,7 @@ def test_time_limit_signal_requeues_and_a_cancel_stays_cancelled(slurm_cluster, 
     assert [s["exit_code"] for s in stops] == [85, 85], why
     assert second["step"] == stops[0]["step"] < stops[1]["step"], why   # resumed where it stopped
     saved = {Path(c["path"]).name for c in records(run_dir, "checkpoint") if c["reason"] == "signal"}
-    assert {f"ckpt-{s['step']:08d}.h5" for s in stops} <= saved, why
+    assert {f"ckpt-{s['step']:08d}" for s in stops} <= saved, why
 
 
 def test_sweep_array_runs_each_delay_in_its_own_run_directory(slurm_cluster, trainer, tmp_path):

@@ -97,7 +97,7 @@ def test_model_from_a_module_in_the_current_directory(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["model"] == "mymodels:net" and summary["num_params"] == 64 * 24 + 24 + 24 * 10 + 10
     # ssdmpi eval rebuilds the model from the same package.module:factory
-    evaluated = run_cli(["eval", "--checkpoint", "run/checkpoints/ckpt-00000008.h5"], cwd=tmp_path)
+    evaluated = run_cli(["eval", "--checkpoint", "run/checkpoints/ckpt-00000008"], cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
 
 
@@ -194,8 +194,16 @@ def test_tabular_hdf5_trains_with_mlp_and_is_refused_by_image_models(tmp_path):
                           "--augment flip needs images")
 
 
-def test_ssdmpi_train_stays_the_cli_module_and_is_the_api():
-    import ssdmpi.train as module
+def test_help_of_ssdmpi_train_is_the_api_s_contract():
+    """``help(ssdmpi.train)`` documents the function a script calls, not the command's module."""
+    import pydoc
 
-    assert module is ssdmpi.train and callable(ssdmpi.train) and callable(module.run)
+    from ssdmpi import api, trainer
+
+    text = pydoc.render_doc(ssdmpi.train, renderer=pydoc.plaintext)
+    assert ssdmpi.train is api.train and text.splitlines()[2].startswith("train(config=None, model=None, dataset=None)")
+    for needle in ("Every rank calls it with the same arguments", "``config``:", "``model``:", "``dataset``:",
+                   "Returns a ``Result`` on every rank", "UserError"):
+        assert needle in text, needle
+    assert trainer.__doc__.splitlines()[0] not in text and callable(trainer.run)
     assert build_model(lambda s, c, **kw: Model([Linear(s[0], c, name="fc")], s, **kw), (3,), 2).num_params == 8

@@ -76,7 +76,7 @@ def test_choose_period_rejects_bad_bounds(lo, hi, d):
 
 
 @pytest.mark.parametrize("c, T, W, k, d", [
-    (0.0878, 0.1399, 0.0696, 11, 2),   # BENCHMARKS.md section 13, 10 Gbit/s: hiding needs 2, amortising the CPU 11
+    (0.0878, 0.1399, 0.0696, 11, 2),   # wide-mlp at 10 Gbit/s (BENCHMARKS.md): hiding needs 2, amortising the CPU 11
     (0.0858, 1.3124, 0.1133, 17, 17),  # 1 Gbit/s: hiding the wire time needs 17, the CPU is amortised by then
     (0.1, 0.05, 0.0, 1, 1),            # no CPU cost in flight (a spare core, offload): the hide rule alone
     (0.1, 0.05, 100.0, 31, 1),         # the CPU cost dominates: k = 31 costs within 5% of the longest period

@@ -55,6 +55,25 @@ def test_csv_has_one_row_per_configuration(sweep):
         assert int(r["steps"]) == round(0.5 * (1437 // (8 * int(r["N"]))))   # digits: 1437 training images
 
 
+def test_result_file_holds_every_row_with_its_difference_and_the_command(sweep):
+    import json
+
+    out, _ = sweep
+    data = json.loads((out / "result.json").read_text())
+    assert data["format"] == "ssdmpi-bench-result/1" and data["benchmark"] == "accuracy"
+    assert data["command"].startswith("ssdmpi bench accuracy --dataset digits --models mlp")
+    assert data["machine"]["cores"] >= 1
+    rows = read_csv(out / "results.csv")
+    key = lambda r: (int(r["N"]), r["variant"], int(r["k"]))      # noqa: E731
+    by_key = {key(r): r for r in data["rows"]}
+    assert sorted(by_key) == sorted(key(r) for r in rows)
+    for r in rows:
+        row = by_key[key(r)]
+        assert row["acc_W"] == float(r["acc_W"]) and row["steps"] == int(r["steps"])
+        ssgd = next(float(s["acc_W"]) for s in rows if s["N"] == r["N"] and s["variant"] == "ssgd")
+        assert row["diff_vs_ssgd"] == pytest.approx(float(r["acc_W"]) - ssgd, abs=0.006)
+
+
 def tables(stdout: str) -> dict:
     """``{k: (column names, [cells of each row])}`` from the ``### k = K`` tables of the report."""
     out, k = {}, None

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ssdmpi.nn.torch_ref import torch_available
+from ssdmpi.verify.torch_ref import torch_available
 
 HAVE_TORCH, WHY = torch_available()
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason=f"PyTorch (the benchmark peer) unavailable: {WHY}")
@@ -66,7 +66,7 @@ def test_bad_arguments_exit_2(cli):
 def test_missing_torch_is_a_user_error(monkeypatch):
     from ssdmpi.bench import engine
     from ssdmpi.errors import UserError
-    from ssdmpi.nn import torch_ref
+    from ssdmpi.verify import torch_ref
 
     monkeypatch.setattr(torch_ref, "torch_available", lambda: (False, "PyTorch not importable (test)"))
     with pytest.raises(UserError, match="compares against PyTorch, which is missing"):

@@ -173,6 +173,8 @@ def test_a_real_two_rank_run_on_shared_memory(tmp_path):
     assert "| ssd period k=2 |" in result.stdout and "held out (model size)" in result.stdout
     data = json.loads(out.read_text())
     assert data["measured"]["ranks"] == 2
+    assert data["format"] == "ssdmpi-bench-result/1" and data["benchmark"] == "model"
+    assert data["command"].startswith("ssdmpi bench model --net none --model mlp")
     assert set(data["measured"]["step_s"]) == {"compute only", "ssgd", "ssd period k=2"}
     assert all(t > 0 for t in data["measured"]["allreduce_s"].values())
     assert len(data["model"]["plan"]) == 2

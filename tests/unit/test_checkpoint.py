@@ -1,39 +1,75 @@
-"""HDF5 checkpoints: round trips, atomic writes, checksums that catch damage, resume selection."""
+"""Checkpoints on disk: the sharded layout (round trips, checksums that catch damage), the
+background writer and its commit, resume selection, best/last links and retention, format 1.
 
+Checkpoints of N ranks are built here serially, rank by rank, with the same functions the
+ranks call (``HostBuffers.take``, ``sharded.write_rank_file``, then the manifest and
+``store.commit``); the writer itself runs on a one-rank stand-in for the Communicator.
+tests/mpi/test_checkpoint_writer.py runs it on real ranks.
+"""
+
+import json
 import os
+import threading
+import time
 
 import h5py
 import numpy as np
 import pytest
 
 from ssdmpi import checkpoint
-from ssdmpi.comm import trees
+from ssdmpi.checkpoint import format as format1
+from ssdmpi.checkpoint import sharded, store
+from ssdmpi.checkpoint.snapshot import HostBuffers
+from ssdmpi.checkpoint.writer import CheckpointWriter
 from ssdmpi.errors import UserError
+from tests.fakes import FakeDeviceArray, FakeGPU
+
+N_PARAMS = 1001   # not a multiple of the rank counts: pieces of different lengths
+
+
+def global_state() -> dict:
+    rng = np.random.default_rng(99)
+    return {name: rng.standard_normal(N_PARAMS).astype(np.float32) for name in ("W", "M")}
 
 
 def state_of(rank: int) -> dict:
+    """One rank's tree as TrainingState.state_dict() makes it (W and M the same on every rank)."""
     rng = np.random.default_rng(rank)
     return {
-        "algo": {"algo": "ssd", "t": 27, "s": 26, "stage": "delay",
-                 "W": rng.standard_normal(1000).astype(np.float32),
-                 "L": rng.standard_normal(1000).astype(np.float32),
-                 "local": {"P": rng.standard_normal(1000).astype(np.float32)},
+        "algo": {"algo": "ssd", "t": 27, "s": 26, "stage": "delay", **global_state(),
+                 "L": rng.standard_normal(N_PARAMS).astype(np.float32),
+                 "local.P": rng.standard_normal(N_PARAMS).astype(np.float32),
                  "lr": np.float32(0.1), "count": np.int64(3), "none": None},
-        "model": {"params": rng.standard_normal(1000).astype(np.float32), "buffers": {}},
-        "loader": {"epoch": 1, "step_in_epoch": 5, "seed": 0},
+        "model": {"buffers": {"bn.running_mean": rng.standard_normal(4).astype(np.float32)}},
+        "loader": {"epoch": 1, "sample_offset": 40, "step_in_epoch": 5, "seed": 0},
+        "trainer": {"step": 27, "last_eval": {"test_acc": 0.5}, "resizes": []},
         "rng": {"bit_generator": "PCG64", "state": {"state": 2 ** 120 + 7, "inc": 2 ** 100 + 1}},
         "history": [np.arange(3, dtype=np.float64), {"a": 1}],
-        "plain_list": [1, 2.5, "x"],
     }
 
 
-def write(directory, step, world_size=2, meta=None):
-    path = os.path.join(directory, checkpoint.checkpoint_name(step))
-    base = {"world_size": world_size, "step": step, "epoch": step / 10, "stage": "delay", "model": "mlp",
-            "num_params": 1000, "algo": "ssd", "config": {"model": "mlp", "lr": 0.1}}
-    base.update(meta or {})
-    shared = {"model": {"global_weights": state_of(0)["algo"]["W"], "buffers": {}}}
-    return checkpoint.write_checkpoint(path, base, ((r, state_of(r)) for r in range(world_size)), shared)
+REPLICATED = ("algo/W", "algo/M")
+
+
+def meta(step: int, n: int, **extra) -> dict:
+    return {"step": step, "epoch": step / 10, "stage": "delay", "model": "mlp", "num_params": N_PARAMS, "algo": "ssd",
+            "config": {"model": "mlp", "lr": 0.1, "batch_size": 8}, "reason": "epoch", **extra}
+
+
+def write(directory, step: int, n: int = 3, acc=None, **more) -> str:
+    """A complete checkpoint of ``n`` ranks, each rank's file written as that rank writes it
+    (``more``: more metadata, e.g. ``workers``)."""
+    partial = store.partial_name(str(directory), step, store.new_token())
+    os.makedirs(partial)
+    files, shared, aliases = {}, {}, {}
+    for rank in range(n):
+        snap = HostBuffers().take(state_of(rank), REPLICATED, rank, n)
+        report = sharded.write_rank_file(os.path.join(partial, sharded.rank_file(rank)), snap.state, snap.pieces)
+        files[sharded.rank_file(rank)] = {"rank": rank, **report}
+        shared, aliases = snap.shared, snap.aliases
+    extra = dict(more, **({"eval": {"test_acc": acc}} if acc is not None else {}))
+    sharded.write_manifest(partial, dict(meta(step, n, **extra), world_size=n), files, shared, aliases)
+    return store.commit(partial, os.path.join(str(directory), store.checkpoint_name(step)))
 
 
 def assert_same(a, b):
@@ -51,45 +87,27 @@ def assert_same(a, b):
         assert a == b and type(a) is type(b)
 
 
-def test_round_trip_is_exact_including_scalar_dtypes_and_big_ints(tmp_path):
-    path = write(tmp_path, 10)
-    for rank in (0, 1):
-        assert_same(state_of(rank), checkpoint.read_rank_state(path, rank))
-    assert checkpoint.verify(path) == []
-    meta = checkpoint.read_meta(path)
-    assert meta["step"] == 10 and meta["world_size"] == 2 and meta["format_version"] == checkpoint.FORMAT_VERSION
+# --- the layout ------------------------------------------------------------------------------------
 
-
-def test_layout_is_readable_with_plain_h5py(tmp_path):
-    path = write(tmp_path, 10)
-    with h5py.File(path, "r") as f:
-        assert f.attrs["format"] == "ssdmpi-checkpoint" and f.attrs["world_size"] == 2 and f.attrs["step"] == 10
-        W = f["model/global_weights"]
-        assert W.dtype == np.float32 and W.shape == (1000,) and len(W.attrs["sha256"]) == 64
-        assert np.array_equal(f["rank_0001/algo/L"][()], state_of(1)["algo"]["L"])
-        assert '"stage": "delay"' in f["rank_0000/algo/_values"].asstr()[()]
-
-
-def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):
-    path = write(tmp_path, 10)
-    inode = os.stat(path).st_ino
-    write(tmp_path, 10, meta={"reason": "again"})      # same name: replaced by a rename, never rewritten
-    assert os.stat(path).st_ino != inode
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010.h5"]
-
-
-def test_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path):
-    path = write(tmp_path, 10)
-    before = open(path, "rb").read()
-
-    def broken_states():
-        yield 0, state_of(0)
-        raise RuntimeError("rank 1 vanished")
-
-    with pytest.raises(RuntimeError):
-        checkpoint.write_checkpoint(path, {"world_size": 2, "step": 10}, broken_states())
-    assert open(path, "rb").read() == before
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010.h5"]
+def test_round_trip_is_exact_and_shared_arrays_are_stored_once_in_pieces(tmp_path):
+    path = write(tmp_path, 10, n=3)
+    assert sorted(os.listdir(path)) == ["manifest.json", "rank-0000.h5", "rank-0001.h5", "rank-0002.h5"]
+    manifest = checkpoint.read_meta(path)
+    for rank in range(3):
+        expected = state_of(rank)
+        for key in ("W", "M"):
+            expected["algo"].pop(key)
+        assert_same(expected, sharded.read_rank_state(path, rank))
+        with h5py.File(os.path.join(path, sharded.rank_file(rank)), "r") as f:
+            assert "W" not in f["state/algo"]            # the shared arrays live in /shared, once
+            part = sharded.piece(N_PARAMS, rank, 3)
+            assert f["shared/algo/W"].shape == (part.stop - part.start,)
+    for name in ("algo/W", "algo/M"):
+        assert np.array_equal(sharded.read_shared(path, manifest, name), global_state()[name[-1]])
+    assert np.array_equal(sharded.read_shared(path, manifest, "model/global_weights"), global_state()["W"])
+    assert manifest["aliases"] == {"model/global_weights": "algo/W"}
+    assert checkpoint.verify(path) == [] and manifest["step"] == 10 and manifest["world_size"] == 3
+    assert checkpoint.read_meta(path)["format_version"] == checkpoint.FORMAT_VERSION == 2
 
 
 def flip_byte(path, offset):
@@ -105,76 +123,113 @@ def data_offset(path, name):
         return f[name].id.get_offset()
 
 
-@pytest.mark.parametrize("name", ["rank_0001/algo/L", "model/global_weights", "rank_0000/loader/_values"])
-def test_flipped_byte_in_any_dataset_is_detected(tmp_path, name):
+@pytest.mark.parametrize("name", ["state/algo/L", "shared/algo/W", "state/loader/_values"])
+def test_a_flipped_byte_in_any_dataset_of_any_rank_is_detected(tmp_path, name):
     path = write(tmp_path, 10)
-    offset = data_offset(path, name)
+    rank_file = os.path.join(path, "rank-0002.h5")
+    offset = data_offset(rank_file, name)
     if name.endswith("_values"):   # a variable-length string: flip inside its heap instead
-        with h5py.File(path, "r") as f:
+        with h5py.File(rank_file, "r") as f:
             text = f[name].asstr()[()].encode()
-        offset = open(path, "rb").read().index(text) + 3
-    flip_byte(path, offset + 5)
+        offset = open(rank_file, "rb").read().index(text) + 3
+    flip_byte(rank_file, offset + 5)
     problems = checkpoint.verify(path)
-    assert problems and ("checksum mismatch" in problems[0] or "unreadable" in problems[0]), problems
+    assert problems and "rank-0002.h5" in problems[0], problems
+    assert "checksum mismatch" in problems[0] or "unreadable" in problems[0]
+    assert checkpoint.verify(path, deep=False) == []    # the quick check sees sizes only
 
 
-def test_flipped_byte_in_meta_is_detected(tmp_path):
+def test_a_truncated_or_missing_rank_file_and_a_missing_manifest_are_detected(tmp_path):
     path = write(tmp_path, 10)
-    text = open(path, "rb").read()
-    flip_byte(path, text.index(b'"world_size"') + 2)
-    assert checkpoint.verify(path)
+    rank_file = os.path.join(path, "rank-0001.h5")
+    with open(rank_file, "r+b") as f:
+        f.truncate(os.path.getsize(rank_file) - 10)
+    assert "rank-0001.h5 has" in checkpoint.verify(path, deep=False)[0]
+    os.unlink(rank_file)
+    assert checkpoint.verify(path, deep=False) == ["rank-0001.h5 is missing"]
+    os.unlink(os.path.join(path, "manifest.json"))
+    assert "not a complete checkpoint (no manifest.json)" in checkpoint.verify(path)[0]
 
 
-def test_truncated_file_is_detected(tmp_path):
-    path = write(tmp_path, 10)
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.truncate(size // 2)
-    problems = checkpoint.verify(path)
-    assert problems and "unreadable" in problems[0]
-
-
-def test_resume_selection_skips_corrupt_checkpoints_with_a_warning(tmp_path):
+def test_selection_skips_corrupt_checkpoints_with_a_warning_and_ignores_partial_ones(tmp_path):
     good = write(tmp_path, 10)
     truncated = write(tmp_path, 20)
     flipped = write(tmp_path, 30)
-    with open(truncated, "r+b") as f:
-        f.truncate(os.path.getsize(truncated) - 100)
-    flip_byte(flipped, data_offset(flipped, "rank_0000/algo/W") + 17)
+    os.makedirs(store.partial_name(str(tmp_path), 40, "dead"))     # a crash while writing step 40
+    with open(os.path.join(truncated, "rank-0000.h5"), "r+b") as f:
+        f.truncate(100)
+    flip_byte(os.path.join(flipped, "rank-0001.h5"), data_offset(os.path.join(flipped, "rank-0001.h5"),
+                                                                  "state/algo/L") + 17)
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [10, 20, 30]
     warnings = []
     assert checkpoint.select_resume(tmp_path, warn=warnings.append) == good
     assert len(warnings) == 2
-    assert "ckpt-00000030.h5" in warnings[0] and "checksum mismatch" in warnings[0]
-    assert "ckpt-00000020.h5" in warnings[1]
+    assert "ckpt-00000030" in warnings[0] and "checksum mismatch" in warnings[0]
+    assert "ckpt-00000020" in warnings[1]
 
 
-def test_resume_selection_with_no_checkpoints_and_with_only_corrupt_ones(tmp_path):
+def test_selection_with_no_checkpoints_and_with_only_corrupt_ones(tmp_path):
     assert checkpoint.select_resume(tmp_path / "none") is None
     bad = write(tmp_path, 10)
-    with open(bad, "r+b") as f:
-        f.truncate(100)
+    os.unlink(os.path.join(bad, "rank-0000.h5"))
     with pytest.raises(checkpoint.CheckpointError, match="none of the 1 checkpoints .* verifies"):
         checkpoint.select_resume(tmp_path)
 
 
-def test_retain_keeps_the_newest(tmp_path):
-    for step in (5, 10, 15, 20):
-        write(tmp_path, step)
-    deleted = checkpoint.retain(tmp_path, 2)
-    assert [os.path.basename(p) for p in deleted] == ["ckpt-00000005.h5", "ckpt-00000010.h5"]
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [15, 20]
-    assert checkpoint.retain(tmp_path, 0) == []
+def test_read_model_reads_only_w_and_the_buffers_and_checks_them(tmp_path):
+    """``W`` with the 3 ranks' BatchNorm statistics averaged; ``L`` with rank 0's own."""
+    path = write(tmp_path, 10)
+    rank1 = os.path.join(path, "rank-0001.h5")
+    flip_byte(rank1, data_offset(rank1, "state/algo/L") + 3)          # not read: not noticed
+    meta_, weights, buffers = checkpoint.read_model(path)
+    assert np.array_equal(weights, global_state()["W"]) and meta_["step"] == 10
+    ranks = [state_of(r)["model"]["buffers"]["bn.running_mean"].astype(np.float64) for r in range(3)]
+    mean = ((ranks[0] + ranks[1] + ranks[2]) / 3).astype(np.float32)
+    assert buffers["bn.running_mean"].dtype == np.float32 and np.array_equal(buffers["bn.running_mean"], mean)
+    _, local, own = checkpoint.read_model(path, local=True)
+    assert np.array_equal(local, state_of(0)["algo"]["L"])
+    assert np.array_equal(own["bn.running_mean"], state_of(0)["model"]["buffers"]["bn.running_mean"])
+    os.makedirs(tmp_path / "asgd")
+    asgd = write(tmp_path / "asgd", 10, workers=2)                    # 2 workers and a server: the workers'
+    _, _, buffers = checkpoint.read_model(asgd)
+    assert np.array_equal(buffers["bn.running_mean"], ((ranks[0] + ranks[1]) / 2).astype(np.float32))
+    flip_byte(rank1, data_offset(rank1, "shared/algo/W") + 3)         # a piece of W: noticed
+    with pytest.raises(checkpoint.CheckpointError, match="rank-0001.h5: /shared/algo/W checksum mismatch"):
+        checkpoint.read_model(path)
+
+
+# --- commit, links, retention -------------------------------------------------------------------------
+
+def test_commit_replaces_a_checkpoint_of_the_same_step_whole_and_never_in_place(tmp_path):
+    first = write(tmp_path, 10, n=2)
+    inode = os.stat(os.path.join(first, "rank-0000.h5")).st_ino
+    again = write(tmp_path, 10, n=3)
+    assert again == first and checkpoint.read_meta(again)["world_size"] == 3
+    assert os.stat(os.path.join(again, "rank-0000.h5")).st_ino != inode
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010"]
+
+
+def test_best_and_last_links_and_retention_of_whole_checkpoints(tmp_path):
+    accuracies = {5: 0.5, 10: 0.9, 15: None, 20: 0.7, 25: 0.6}
+    for step, acc in accuracies.items():
+        path = write(tmp_path, step, n=2, acc=acc)
+        store.publish(str(tmp_path), path, keep=2)
+    assert os.path.realpath(tmp_path / "last") == os.path.realpath(tmp_path / "ckpt-00000025")
+    assert os.path.realpath(tmp_path / "best") == os.path.realpath(tmp_path / "ckpt-00000010")
+    # the newest 2, plus best (never deleted by retention); whole directories gone, nothing partial left
+    assert sorted(os.listdir(tmp_path)) == ["best", "ckpt-00000010", "ckpt-00000020", "ckpt-00000025", "last"]
+    assert checkpoint.resolve_path(str(tmp_path / "best")) == str(tmp_path / "best")
+    assert checkpoint.read_meta(str(tmp_path / "best"))["step"] == 10
+    assert checkpoint.retain(str(tmp_path), 0) == []
 
 
 def test_compatibility_checks_are_one_line_errors(tmp_path):
-    meta = checkpoint.read_meta(write(tmp_path, 10))
-    checkpoint.check_compatible(meta, 2, "mlp", 1000)
-    with pytest.raises(UserError, match="written by 2 ranks but this job has 4; resume with mpiexec -n 2"):
-        checkpoint.check_compatible(meta, 4, "mlp")
+    meta_ = checkpoint.read_meta(write(tmp_path, 10))
+    checkpoint.check_compatible(meta_, "mlp", N_PARAMS)
     with pytest.raises(UserError, match="holds model 'mlp', not 'lenet5'"):
-        checkpoint.check_compatible(meta, 2, "lenet5")
-    with pytest.raises(UserError, match="has 1000 parameters but this one has 50"):
-        checkpoint.check_compatible(meta, 2, "mlp", 50)
+        checkpoint.check_compatible(meta_, "lenet5")
+    with pytest.raises(UserError, match=f"has {N_PARAMS} parameters but this one has 50"):
+        checkpoint.check_compatible(meta_, "mlp", 50)
 
 
 def test_not_a_checkpoint(tmp_path):
@@ -184,40 +239,152 @@ def test_not_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="not an ssdmpi checkpoint"):
         checkpoint.read_meta(str(path))
     with pytest.raises(UserError, match="does not exist"):
-        checkpoint.resolve_path(str(tmp_path / "missing.h5"))
+        checkpoint.resolve_path(str(tmp_path / "missing"))
+    (tmp_path / "ckpt-00000002").mkdir()
+    with pytest.raises(UserError, match="not a complete checkpoint"):
+        checkpoint.resolve_path(str(tmp_path / "ckpt-00000002"))
 
 
-def test_describe_lists_what_is_inside(tmp_path):
-    text = checkpoint.describe(write(tmp_path, 10))
-    assert "step 10" in text and "world size 2" in text and "model mlp" in text
-    assert "/rank_0001/algo/L  float32 (1000,)" in text
+# --- format 1 still reads ----------------------------------------------------------------------------
+
+def test_format_1_files_are_listed_verified_and_read(tmp_path):
+    path = str(tmp_path / "ckpt-00000005.h5")
+    shared = {"model": {"global_weights": global_state()["W"], "buffers": {}}}
+    format1.write_checkpoint(path, dict(meta(5, 2), world_size=2), ((r, state_of(r)) for r in range(2)), shared)
+    newer = write(tmp_path, 10, n=2)
+    assert checkpoint.list_checkpoints(tmp_path) == [(5, path), (10, newer)]
+    assert checkpoint.verify(path) == [] and checkpoint.read_meta(path)["format_version"] == 1
+    assert_same(state_of(1), format1.read_rank_state(path, 1))
+    _, weights, _ = checkpoint.read_model(path)
+    assert np.array_equal(weights, global_state()["W"])
+    flip_byte(path, data_offset(path, "rank_0001/algo/L") + 2)
+    assert checkpoint.select_resume(tmp_path) == newer
+    os.unlink(os.path.join(newer, "manifest.json"))
+    with pytest.raises(checkpoint.CheckpointError, match="none of the 2"):
+        checkpoint.select_resume(tmp_path)
 
 
-def test_split_and_join_keep_arrays_in_order():
-    arrays = []
-    tree = state_of(3)
-    skeleton = trees.split(tree, arrays)
-    assert [p["__array__"] for p in trees.placeholders(skeleton)] == list(range(len(arrays)))
-    assert_same(tree | {"history": list(tree["history"])}, trees.join(skeleton, arrays))
+# --- snapshots ---------------------------------------------------------------------------------------
+
+def test_a_snapshot_copies_only_this_ranks_piece_of_the_shared_arrays_into_reused_buffers():
+    buffers = HostBuffers()
+    tree = state_of(1)
+    first = buffers.take(tree, REPLICATED, 1, 4)
+    part = sharded.piece(N_PARAMS, 1, 4)
+    own = sum(a.nbytes for a in (tree["algo"]["L"], tree["algo"]["local.P"], tree["history"][0],
+                                 tree["model"]["buffers"]["bn.running_mean"]))
+    assert first.nbytes == own + 2 * (part.stop - part.start) * 4
+    W, _, _, _ = first.pieces["algo/W"]
+    assert np.array_equal(W, tree["algo"]["W"][part]) and W is not tree["algo"]["W"]
+    tree["algo"]["L"] += 1                               # training goes on: the copy keeps the old values
+    assert np.array_equal(first.state["algo"]["L"], state_of(1)["algo"]["L"])
+    second = buffers.take(tree, REPLICATED, 1, 4)
+    assert second.state["algo"]["L"] is first.state["algo"]["L"]    # the same buffer, reused
+    assert np.array_equal(second.state["algo"]["L"], tree["algo"]["L"])
 
 
-def test_arrays_equal_across_ranks_are_stored_once_as_links(tmp_path):
-    W = np.linspace(0, 1, 5000, dtype=np.float32)
+def test_device_arrays_are_copied_on_the_compute_stream_before_later_kernels():
+    gpu = FakeGPU()
+    host_L = np.arange(8, dtype=np.float32)
+    L = FakeDeviceArray(host_L, gpu)
+    W = FakeDeviceArray(np.ones(8, dtype=np.float32), gpu)
+    snap = HostBuffers(streams=gpu).take({"algo": {"L": L, "W": W, "t": 3}}, ("algo/W",), 0, 2)
+    L *= 10.0                                            # a kernel queued after the checkpoint
+    snap.ready.synchronize()                             # what the writer thread waits for
+    assert np.array_equal(snap.state["algo"]["L"], np.arange(8)) and snap.state["algo"]["t"] == 3
+    assert np.array_equal(snap.pieces["algo/W"][0], np.ones(4))
+    gpu.run_all()
+    assert np.array_equal(host_L, 10 * np.arange(8)) and np.array_equal(snap.state["algo"]["L"], np.arange(8))
 
-    def states():
-        for rank in range(4):
-            yield rank, {"algo": {"W": W.copy(), "L": W + rank}, "model": {"params": W + rank}}
 
-    path = checkpoint.write_checkpoint(str(tmp_path / "ckpt-00000001.h5"), {"world_size": 4, "step": 1}, states(),
-                                       {"model": {"global_weights": W}})
-    with h5py.File(path, "r") as f:
-        assert isinstance(f.get("rank_0003/algo/W", getlink=True), h5py.SoftLink)
-        assert isinstance(f.get("rank_0002/model/params", getlink=True), h5py.SoftLink)   # = its L
-        assert isinstance(f.get("rank_0001/algo/L", getlink=True), h5py.HardLink)
-        assert np.array_equal(f["model/global_weights"][()], W)
-    for rank in range(4):
-        state = checkpoint.read_rank_state(path, rank)
-        assert np.array_equal(state["algo"]["W"], W) and np.array_equal(state["model"]["params"], W + rank)
-    assert checkpoint.verify(path) == []
-    assert os.path.getsize(path) < 6 * W.nbytes      # W once, four L: not 12 copies
-    assert "-> /rank_0000/algo/W" in checkpoint.describe(path)
+# --- the writer, on one rank --------------------------------------------------------------------------
+
+class OneRank:
+    """The Communicator's control calls the writer uses, for a world of one rank."""
+
+    rank, size = 0, 1
+
+    def __init__(self):
+        self.calls = []
+
+    def broadcast_object(self, obj, root=0):
+        self.calls.append("broadcast_object")
+        return obj
+
+    def gather_trees(self, tree, root=0):
+        self.calls.append("gather_trees")
+        return iter([(0, tree)])
+
+    def allreduce_scalars(self, values, op="sum"):
+        self.calls.append("allreduce_scalars")
+        return dict(values)
+
+
+def one_rank_state(value: float) -> dict:
+    return {"algo": {"algo": "ssgd", "t": 3, "s": 3, "stage": "warmup", "W": np.full(50, value, np.float32),
+                     "M": np.zeros(50, np.float32)}, "model": {"buffers": {}}, "trainer": {"step": 3}}
+
+
+def test_a_background_checkpoint_is_committed_at_a_sync_point_once_written(tmp_path):
+    comm, release = OneRank(), threading.Event()
+    real = sharded.write_rank_file
+
+    def slow(*args):
+        release.wait(30)
+        time.sleep(0.5)                      # the write takes longer than the copy into host memory
+        return real(*args)
+
+    with CheckpointWriter(str(tmp_path), keep=0) as writer:
+        sharded.write_rank_file, original = slow, sharded.write_rank_file
+        try:
+            state = one_rank_state(1.0)
+            assert writer.save(comm, 3, meta(3, 1), state, ("algo/W", "algo/M")) == []
+            state["algo"]["W"][:] = 2.0              # training goes on while the thread writes
+            assert writer.pending == 3 and writer.poll(comm) == []       # not written yet: nothing committed
+            assert checkpoint.list_checkpoints(tmp_path) == []
+            release.set()
+            writer._pending.future.result(30)
+            records = writer.poll(comm)
+        finally:
+            sharded.write_rank_file = original
+    assert [r["kind"] for r in records] == ["checkpoint"] and records[0]["step"] == 3 and records[0]["background"]
+    assert records[0]["bytes"] == records[0]["bytes_per_rank"][0] == os.path.getsize(
+        tmp_path / "ckpt-00000003" / "rank-0000.h5")
+    assert records[0]["write_s"] >= 0.5 > records[0]["stall_s"]   # the write happened off the training's path
+    _, weights, _ = checkpoint.read_model(str(tmp_path / "last"))
+    assert np.array_equal(weights, np.full(50, 1.0))                 # the state when save() was called
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
+
+
+def test_a_failing_writer_is_a_user_error_at_the_commit_and_the_previous_checkpoint_stays(tmp_path):
+    comm = OneRank()
+    with CheckpointWriter(str(tmp_path)) as writer:
+        writer.save(comm, 3, meta(3, 1), one_rank_state(1.0), ("algo/W", "algo/M"), background=False)
+        original = sharded.write_rank_file
+
+        def full_disk(*args):
+            raise OSError(28, "No space left on device")
+
+        sharded.write_rank_file = full_disk
+        try:
+            writer.save(comm, 6, meta(6, 1), one_rank_state(2.0), ("algo/W", "algo/M"))
+            with pytest.raises(UserError, match="cannot write checkpoint ckpt-00000006: rank 0: No space left") as info:
+                writer.complete(comm)
+        finally:
+            sharded.write_rank_file = original
+    assert info.value.collective
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000003", "last"]      # the partial directory removed
+    assert checkpoint.select_resume(str(tmp_path)) == str(tmp_path / "ckpt-00000003")
+
+
+def test_the_manifest_records_the_evaluation_of_its_own_step_only(tmp_path):
+    comm = OneRank()
+    with CheckpointWriter(str(tmp_path)) as writer:
+        writer.evaluated(3, {"test_acc": 0.75, "test_loss": 0.5})
+        writer.save(comm, 3, meta(3, 1), one_rank_state(1.0), ("algo/W", "algo/M"))
+        writer.evaluated(3, {"test_acc": 0.8, "test_loss": 0.4})        # after the save, before the commit
+        writer.complete(comm)
+        writer.save(comm, 6, meta(6, 1), one_rank_state(1.0), ("algo/W", "algo/M"), background=False)
+    assert json.load(open(tmp_path / "ckpt-00000003" / "manifest.json"))["eval"]["test_acc"] == 0.8
+    assert "eval" not in checkpoint.read_meta(str(tmp_path / "ckpt-00000006"))
+    assert os.path.realpath(tmp_path / "best") == os.path.realpath(tmp_path / "ckpt-00000003")

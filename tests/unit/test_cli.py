@@ -20,14 +20,14 @@ def test_help_lists_every_subcommand():
         assert name in result.stdout
 
 
-@pytest.mark.parametrize("args", [["frobnicate"], ["info", "--no-such-flag"], []])
-def test_bad_command_line_is_one_line_error_with_usage(args):
+@pytest.mark.parametrize("args,prog", [(["frobnicate"], "ssdmpi"), (["info", "--no-such-flag"], "ssdmpi info"),
+                                       ([], "ssdmpi")])
+def test_bad_command_line_is_one_line_error_pointing_at_help(args, prog):
     result = run_cli(args)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines[0].startswith("usage: ssdmpi")
-    assert lines[-1].startswith("ssdmpi") and "error:" in lines[-1]
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: ") and lines[0].endswith(f"; see {prog} --help")
 
 
 def test_info_json_reports_mpi_library_and_thread_level():

@@ -14,6 +14,10 @@ def test_bench_comm_json_at_two_ranks(tmp_path):
     assert "(a) allreduce" in proc.stdout and "(b) overlap" in proc.stdout   # the tables, and the file
     result = json.loads(out.read_text())
     assert result["ranks"] == 2
+    # A result file (ssdmpi/bench/result.py): the command as typed, the machine with the MPI library loaded.
+    assert result["format"] == "ssdmpi-bench-result/1" and result["benchmark"] == "comm"
+    assert result["command"].startswith("ssdmpi bench comm --sizes 4K,256K --repeats 3")
+    assert result["machine"]["mpi"].split() == result["mpi"].split()
     assert [row["bytes"] for row in result["bandwidth"]] == [4096, 256 << 10]
     for row in result["bandwidth"]:
         for name in ("raw", "sum", "mean", "sum+div"):

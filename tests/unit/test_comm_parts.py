@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssdmpi.comm.agreement import first_error, signature_mismatch
-from ssdmpi.comm.communicator import format_bytes
+from ssdmpi.comm.operations import format_bytes
 from ssdmpi.comm.stats import KEYS, CommStats
 from ssdmpi.comm.transport import Transport, resolve_transport
 from ssdmpi.errors import UserError
@@ -107,3 +107,24 @@ def test_the_means_division_gives_the_bits_of_an_ieee_division(n, dtype):
     divide(got, n)
     u = np.dtype(f"u{x.itemsize}")
     assert np.array_equal((x / dtype(n)).view(u), got.view(u))
+
+
+def test_the_progress_factory_table_tells_what_each_strategy_is():
+    """``progress.create``'s table: every strategy once, in the file that defines its class, with
+    the thread level it needs and the backend it is the default on, as the code has them."""
+    import importlib
+
+    from ssdmpi.comm import progress
+
+    rows = {}
+    for line in progress.create.__doc__.splitlines():
+        cells = line.split()
+        if cells and cells[0] in progress.CHANNELS:
+            rows[cells[0]] = (cells[1], cells[-2], cells[-1])
+    assert sorted(rows) == sorted(progress.CHANNELS)
+    for name, (file, needs, default_on) in rows.items():
+        cls = progress.CHANNELS[name]
+        assert importlib.import_module(f"ssdmpi.comm.progress.{file.removesuffix('.py')}") \
+            .__dict__.get(cls.__name__) is cls, (name, file)
+        assert (needs == "MPI_THREAD_MULTIPLE") == cls.needs_thread_multiple, name
+        assert default_on == {v: k.upper() for k, v in progress.DEFAULTS.items()}.get(name, "-"), name

@@ -1,6 +1,6 @@
 """The fused updates (ssdmpi/optim/fused.py) against the unfused forms, bit for bit.
 
-Oracle: the ``unfused_*`` functions of ssdmpi/optim/fused_bench.py, the updates as written before
+Oracle: the ``unfused_*`` functions of ssdmpi/verify/fused_bench.py, the updates as written before
 fusing (one whole-buffer NumPy operation each). Checked on the CPU blocks (float32 and float64, sizes
 below, at and around the block size, masks whose runs start and end inside blocks, inf/NaN/signed
 zeros in the data) and, with no GPU, through a fake CuPy whose ElementwiseKernel runs the kernel's
@@ -14,7 +14,7 @@ import pytest
 
 from ssdmpi import backend
 from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, PlainLocalSGD, fused
-from ssdmpi.optim import fused_bench as old
+from ssdmpi.verify import fused_bench as old
 
 DTYPES = (np.float32, np.float64)
 LR, LAM, MU, N, C = 0.05, 3e-3, 0.9, 3, 12.0

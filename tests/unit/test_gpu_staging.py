@@ -147,8 +147,8 @@ def self_comm():
 
 def staged_communicator(comm, gpu, strategy):
     c = Communicator(comm, progress=strategy, transport="host", streams=gpu, stall_timeout=None)
-    fake = TriplingComm(c._comm, gpu)
-    c._comm = fake
+    fake = TriplingComm(c.grads._comm, gpu)
+    c.grads._comm = fake
     return c, fake
 
 
@@ -165,7 +165,7 @@ def test_allreduce_order_with_a_waiting_thread(self_comm, strategy):
         post = "Allreduce"
         assert gpu.log == [e.format(post=post) for e in EXPECTED]
     finally:
-        c._comm = fake._comm
+        c.grads._comm = fake._comm
         c.free()
 
 
@@ -185,7 +185,7 @@ def test_test_strategy_posts_only_once_the_copy_is_done(self_comm):
         np.testing.assert_array_equal(consume(gpu, memory), 3 * GRAD)
         assert gpu.log == [e.format(post="post Iallreduce") for e in EXPECTED]
     finally:
-        c._comm = fake._comm
+        c.grads._comm = fake._comm
         c.free()
 
 
@@ -205,7 +205,7 @@ def test_test_strategy_wait_posts_a_request_whose_copy_is_still_queued(self_comm
         np.testing.assert_array_equal(first, 3 * GRAD)
         np.testing.assert_array_equal(second, 3 * GRAD)
     finally:
-        c._comm = fake._comm
+        c.grads._comm = fake._comm
         c.free()
 
 
@@ -219,7 +219,7 @@ def test_broadcast_stages_before_the_call_and_copies_back_before_use(self_comm):
         np.testing.assert_array_equal(consume(gpu, memory), 3 * GRAD)
         assert gpu.log == [e.format(post="Bcast") for e in EXPECTED]
     finally:
-        c._comm = fake._comm
+        c.grads._comm = fake._comm
         c.free()
 
 

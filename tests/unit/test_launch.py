@@ -31,18 +31,13 @@ def assert_one_line_error(result, needle):
     assert "Traceback" not in result.stderr + result.stdout
 
 
-def no_thread_variables() -> dict:
-    """This environment without the thread variables (the tool must choose for itself)."""
-    return {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-
-
 def expected_threads(local_size: int) -> int:
     cpus = len(os.sched_getaffinity(0))
     return max(1, cpus // local_size)
 
 
 def test_info_lists_every_rank_with_threads_and_device():
-    result = run_cli(["info", "--json"], ranks=2, env=no_thread_variables(), timeout=180)
+    result = run_cli(["info", "--json"], ranks=2, unset=THREAD_VARIABLES, timeout=180)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     ranks = report["ranks"]
@@ -57,7 +52,7 @@ def test_info_lists_every_rank_with_threads_and_device():
 
 
 def test_info_text_has_one_line_per_rank_and_keeps_user_variables():
-    result = run_cli(["info", "--device", "cpu"], ranks=2, env=dict(no_thread_variables(), OMP_NUM_THREADS="1"),
+    result = run_cli(["info", "--device", "cpu"], ranks=2, unset=THREAD_VARIABLES, env={"OMP_NUM_THREADS": "1"},
                      timeout=180)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("rank ")]
@@ -75,7 +70,7 @@ def test_info_finds_distributions_by_any_name():
 
 def test_train_reports_the_threads_it_chose(tmp_path):
     run = tmp_path / "run"
-    result = run_cli(["train", "--run-dir", str(run), "--steps", "20"] + SMALL, ranks=2, env=no_thread_variables(),
+    result = run_cli(["train", "--run-dir", str(run), "--steps", "20"] + SMALL, ranks=2, unset=THREAD_VARIABLES,
                      timeout=240)
     assert result.returncode == 0, result.stderr
     n = expected_threads(2)

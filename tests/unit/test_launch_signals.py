@@ -10,9 +10,9 @@ import subprocess
 import sys
 import time
 
-import h5py
 import pytest
 
+from ssdmpi import checkpoint
 from tests.conftest import ROOT, mpiexec
 from tests.unit.test_train_cli import SMALL
 
@@ -81,8 +81,8 @@ def assert_checkpointed_and_stopped(run, proc, out, err) -> None:
     (stop,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
                if '"kind": "stop"' in line]
     assert stop["step"] < 3000 and stop["exit_code"] == 85
-    with h5py.File(run / "checkpoints" / f"ckpt-{stop['step']:08d}.h5", "r") as f:
-        assert f.attrs["stage"] == "delay" and f.attrs["reason"] == "signal"
+    meta = checkpoint.read_meta(str(run / "checkpoints" / f"ckpt-{stop['step']:08d}"))
+    assert meta["stage"] == "delay" and meta["reason"] == "signal"
 
 
 def finish(proc) -> tuple[str, str]:

@@ -1,5 +1,6 @@
 """ssdmpi/comm/mpi_env.py: the MPI settings ssdmpi makes for itself, and that a user's value wins."""
 
+import json
 import os
 import subprocess
 import sys
@@ -19,13 +20,51 @@ def test_defaults_fill_in_only_what_is_unset():
     assert empty == mpi_env.DEFAULTS
 
 
-def test_importing_ssdmpi_sets_them_before_mpi_starts():
-    """A fresh interpreter: after ``import ssdmpi`` the variables are in the environment MPI reads."""
+def test_importing_ssdmpi_leaves_the_environment_alone():
+    """A fresh interpreter: ``import ssdmpi`` (and the comm layer) edits no variable and starts no MPI."""
     env = {k: v for k, v in os.environ.items() if k not in mpi_env.DEFAULTS}
-    code = f"import os, ssdmpi; print([os.environ.get(k) for k in {sorted(mpi_env.DEFAULTS)!r}])"
+    code = ("import os, sys; before = dict(os.environ); import ssdmpi, ssdmpi.comm.communicator; "
+            "print(dict(os.environ) == before, 'mpi4py.MPI' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str([mpi_env.DEFAULTS[k] for k in sorted(mpi_env.DEFAULTS)])
+    assert out.stdout.split() == ["True", "False"]
+
+
+# Runs MODULE as ``python -m MODULE ARGS`` after installing an import hook that records, at the
+# moment ``mpi4py.MPI`` is imported (which initialises MPI), what the environment holds then.
+SPY = """import json, os, runpy, sys
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py.MPI":
+            with open({out!r}, "w") as f:
+                json.dump({{k: os.environ.get(k) for k in {names!r}}}, f)
+        return None
+sys.meta_path.insert(0, Spy())
+sys.argv = [{module!r}] + {args!r}
+runpy.run_module({module!r}, run_name="__main__", alter_sys=True)
+"""
+
+WAYS_INTO_MPI = {   # (module, arguments): every kind of entry point that starts MPI
+    "ssdmpi info": ("ssdmpi", ["info", "--json"]),
+    "ssdmpi train": ("ssdmpi", ["train", "--model", "mlp", "--steps", "2", "--warmup-steps", "1", "--eval-every",
+                                "0", "--no-progress-bar", "--run-dir", "{tmp}/run"]),
+    "ssdmpi bench comm": ("ssdmpi", ["bench", "comm", "--parts", "bandwidth", "--sizes", "1K", "--repeats", "1"]),
+    "gpucheck ranks": ("ssdmpi.gpucheck.ranks", ["overlap", "{tmp}/part.json", "--numpy"]),
+}
+
+
+@pytest.mark.parametrize("way", sorted(WAYS_INTO_MPI))
+def test_every_way_into_mpi_has_the_settings_when_mpi_starts(tmp_path, way):
+    module, args = WAYS_INTO_MPI[way]
+    names = sorted(mpi_env.DEFAULTS)
+    out = tmp_path / "seen.json"
+    code = SPY.format(out=str(out), names=names, module=module, args=[a.format(tmp=tmp_path) for a in args])
+    env = {k: v for k, v in os.environ.items() if k not in mpi_env.DEFAULTS}
+    env["MPIR_CVAR_CH4_NUM_VCIS"] = "1"          # a value the user set: it stays
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(out.read_text()) == dict(mpi_env.DEFAULTS, MPIR_CVAR_CH4_NUM_VCIS="1")
 
 
 def ompi_tcp_params(env: dict) -> dict:

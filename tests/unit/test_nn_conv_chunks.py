@@ -13,7 +13,7 @@ import pytest
 from ssdmpi.nn import Model
 from ssdmpi.nn import conv as conv_module
 from ssdmpi.nn.conv import Conv2d, row_chunks
-from ssdmpi.nn.gradcheck import check_layer
+from ssdmpi.verify.gradcheck import check_layer
 
 # (id, layer factory, per-sample input shape); covers the three backward paths
 CONVS = [

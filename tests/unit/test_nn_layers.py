@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from ssdmpi.nn.conv import Conv2d, GlobalAvgPool2d, MaxPool2d, col2im, im2col
-from ssdmpi.nn.gradcheck import check_layer
 from ssdmpi.nn.layers import Dropout, Flatten, Linear, ReLU, ToBatchMajor, ToChannelMajor
 from ssdmpi.nn.norm import BatchNorm
 from ssdmpi.nn.residual import BasicBlock
 from ssdmpi.nn.workspace import Workspace
+from ssdmpi.verify.gradcheck import check_layer
 
 TOLERANCE = 1e-6
 

@@ -5,7 +5,7 @@ import pytest
 
 from ssdmpi.errors import UserError
 from ssdmpi.nn import MODELS, build_model
-from ssdmpi.nn.gradcheck import check_model
+from ssdmpi.verify.gradcheck import check_model
 
 TOLERANCE = 1e-6
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ssdmpi.nn import build_model
-from ssdmpi.nn.gradcheck import relative_error
-from ssdmpi.nn.torch_ref import torch_available
+from ssdmpi.verify.gradcheck import relative_error
+from ssdmpi.verify.torch_ref import torch_available
 
 HAVE_TORCH, WHY = torch_available()
 pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason=f"PyTorch oracle unavailable: {WHY}")
@@ -29,7 +29,7 @@ def _torch_step(model, x, labels):
     import torch
     import torch.nn.functional as F
 
-    from ssdmpi.nn.torch_ref import build_torch_model, torch_grads
+    from ssdmpi.verify.torch_ref import build_torch_model, torch_grads
 
     torch.set_num_threads(1)
     twin = build_torch_model(model)
@@ -111,7 +111,7 @@ def test_twin_detects_a_different_model():
     """The comparison can fail: perturb one ssdmpi weight after copying and the logits differ."""
     import torch
 
-    from ssdmpi.nn.torch_ref import build_torch_model
+    from ssdmpi.verify.torch_ref import build_torch_model
 
     model = build_model("lenet5", (1, 8, 8), 10, dtype=np.float64)
     twin = build_torch_model(model)

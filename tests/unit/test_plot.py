@@ -187,8 +187,44 @@ def test_figures_and_throughput_lines_use_the_labels(tmp_path):
     fig = _accuracy_figure(plt, runs, "epoch", "epoch", "t")
     texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     plt.close(fig)
-    assert texts == ["ssd period k=2 seed=0", "ssd period k=5 seed=0", "ssd period k=2 seed=1",
-                     "ssd period k=5 seed=1"]
+    assert texts == ["ssd period k=2 seed=0: W", "ssd period k=5 seed=0: W", "ssd period k=2 seed=1: W",
+                     "ssd period k=5 seed=1: W"]
     lines, _ = throughput_by_k(runs)
     assert lines == {"ssd period seed=0": [(2, pytest.approx(200.0)), (5, pytest.approx(500.0))],
                      "ssd period seed=1": [(2, pytest.approx(201.0)), (5, pytest.approx(501.0))]}
+
+
+def test_accuracy_and_loss_mark_the_end_of_the_warm_up_and_show_the_local_model(tmp_path):
+    """A run whose warm-up is 5 steps (20 steps per epoch, 0.01 s per step) and whose evaluations
+    carry rank 0's local model: a dash-dotted line at step 5 / epoch 0.25 / 0.05 s in the run's color,
+    L dashed beside W; an ssgd run (no warm-up) gets no line."""
+    from ssdmpi.plot import WARMUP_END, _accuracy_figure, _loss_figure, _pyplot, load_run
+
+    ssd = write_run(tmp_path / "ssd", algo="ssd", k=5, comm="period", warmup_steps=5)
+    lines = (ssd / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    records[0]["config"]["warmup_steps"] = 5
+    for r in records:
+        if r["kind"] == "step":
+            r["train_s"] = r["time"]
+        if r["kind"] == "eval":
+            r["train_s"], r["test_acc_local"] = r["time"], r["test_acc"] - 0.02
+    (ssd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    runs = [load_run(ssd), load_run(write_run(tmp_path / "ssgd", algo="ssgd"))]
+    plt = _pyplot()
+    for x, at in (("epoch", 0.25), ("train_time", 0.05)):
+        fig = _accuracy_figure(plt, runs, x, x, "t")
+        ax = fig.axes[0]
+        w = next(line for line in ax.lines if line.get_label() == "ssd period k=5: W")
+        local = next(line for line in ax.lines if line.get_label() == "ssd period k=5: rank 0's L")
+        assert local.get_linestyle() == "--" and local.get_color() == w.get_color()
+        assert list(local.get_ydata()) == pytest.approx([100 * (y / 100 - 0.02) for y in w.get_ydata()])
+        vertical = [line for line in ax.lines if line.get_label() == "_" + WARMUP_END]
+        assert len(vertical) == 1 and list(vertical[0].get_xdata()) == pytest.approx([at, at])
+        assert vertical[0].get_color() == w.get_color() and vertical[0].get_linestyle() == "-."
+        assert WARMUP_END in [t.get_text() for t in ax.get_legend().get_texts()]
+        plt.close(fig)
+    fig = _loss_figure(plt, runs)
+    vertical = [line for line in fig.axes[0].lines if line.get_label() == "_" + WARMUP_END]
+    assert len(vertical) == 1 and list(vertical[0].get_xdata()) == [5, 5]
+    plt.close(fig)

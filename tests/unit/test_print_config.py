@@ -1,7 +1,7 @@
-"""``ssdmpi train --print-config`` says, for each algorithm setting left unset, what the chosen
-``--algo`` makes of it (its default, or that this run does not use it), refuses what the run
-refuses; ``ssdmpi train --help`` lists the dataset names of the data registry and, like train.py's
-docstring, every file of a run directory."""
+"""``ssdmpi train --print-config`` prints the settings the run will record in its config.yaml
+(the chosen ``--algo``'s defaults written in; the settings it does not use left unset, saying
+so), refuses what the run refuses; ``ssdmpi train --help`` lists the dataset names of the data
+registry and, like trainer.py's docstring, every file of a run directory."""
 
 import argparse
 import re
@@ -47,31 +47,53 @@ def used_by(algo: str, key: str) -> bool:
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_each_unset_algorithm_setting_says_its_default_or_that_the_algo_does_not_use_it(capsys, algo):
+def test_each_algorithm_setting_shows_its_value_for_the_algo_or_that_the_algo_does_not_use_it(capsys, algo):
     settings, comments = printed(capsys, "--algo", algo)
     resolved = AlgoConfig(algo=algo).validate(4)
     for key in SAMPLE:
-        assert settings[key] is None, key
-        if used_by(algo, key):
-            assert comments[key].startswith("default: "), (algo, key, comments[key])
-            value = getattr(resolved, key)
-            if value is not None and key != "local_lr":
-                shown = f"{value:g}" if isinstance(value, float) else str(value)
-                assert comments[key] == f"default: {shown} for --algo {algo}", (algo, key, comments[key])
-        else:
-            assert comments[key].startswith("not used by this run (only with --"), (algo, key, comments[key])
+        if not used_by(algo, key):
+            assert settings[key] is None and comments[key].startswith("not used by this run (only with --"), \
+                (algo, key, comments.get(key))
+        elif key in config.RESOLVED_BY_ALGO:          # what config.yaml will record
+            assert settings[key] == getattr(resolved, key), (algo, key, settings[key])
+        else:                                          # local lr: the world size decides
+            assert settings[key] is None and comments[key].startswith("default: "), (algo, key, comments.get(key))
+
+
+CONFIG_YAML_CASES = [["--algo", algo] for algo in ALGOS] + [
+    ["--delay", "auto", "--warmup-steps", "6"], ["--comm", "step", "--local-update", "glu-paper"],
+    ["--warmup-epochs", "0.1"], ["--algo", "ssgd", "--preset", "fashion-mnist-lenet5", "--dataset", "digits"]]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("args", CONFIG_YAML_CASES, ids=[" ".join(a) for a in CONFIG_YAML_CASES])
+def test_print_config_shows_what_config_yaml_records(tmp_path, args):
+    """The settings ``--print-config`` prints are those the same command's run writes to its
+    config.yaml (``delay: 5``, not ``delay: null``), and its output runs as a ``--config`` file."""
+    args = args + ["--steps", "8", "--no-progress-bar", "--eval-every", "0"]
+    shown = run_cli(["train", "--print-config"] + args, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    ranks = 2 if "asgd" in args else None
+    ran = run_cli(["train", "--run-dir", "run"] + args, ranks=ranks, cwd=tmp_path, timeout=240)
+    assert ran.returncode == 0, ran.stderr
+    assert yaml.safe_load(shown.stdout) == yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    (tmp_path / "printed.yaml").write_text(shown.stdout)
+    again = run_cli(["train", "--config", "printed.yaml", "--run-dir", "again"], ranks=ranks, cwd=tmp_path,
+                    timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert yaml.safe_load((tmp_path / "again" / "config.yaml").read_text()) == yaml.safe_load(shown.stdout)
 
 
 def test_localsgd_comm_is_not_ssd_s_default(capsys):
-    _, comments = printed(capsys, "--algo", "localsgd")
+    settings, comments = printed(capsys, "--algo", "localsgd")
     assert comments["comm"] == "not used by this run (only with --algo ssd)"
-    assert comments["delay"] == "default: 5 for --algo localsgd" and comments["period_rule"].startswith("not used")
+    assert settings["delay"] == 5 and comments["period_rule"].startswith("not used")
 
 
 def test_the_local_lr_applies_with_a_local_update_that_uses_one(capsys):
-    _, comments = printed(capsys, "--comm", "step", "--local-update", "glu-paper")
+    settings, comments = printed(capsys, "--comm", "step", "--local-update", "glu-paper")
     assert comments["local_lr"] == "default: world size x lr"
-    assert comments["glu_divisor"] == "default: 12 for --algo ssd"
+    assert settings["glu_divisor"] == 12
     assert comments["period_rule"].startswith("not used by this run")
 
 
@@ -109,10 +131,10 @@ def test_building_the_cli_parser_imports_no_numpy():
 
 
 def test_the_run_directory_listing_names_the_loggers_files():
-    """train.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
-    from ssdmpi import loggers, train
+    """trainer.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
+    from ssdmpi import loggers, trainer
 
-    for text in (train.__doc__, train.EPILOG):
+    for text in (trainer.__doc__, trainer.EPILOG):
         assert all(name in text for name in loggers.CSV_FILES.values()), text
         assert f"{loggers.TENSORBOARD_DIR}/" in text, text
 

@@ -16,10 +16,13 @@ import sys
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
 
 from ssdmpi import checkpoint
+from ssdmpi.checkpoint import format as format1
+from ssdmpi.checkpoint import sharded
+from tests.checkpoints import differences as field_differences
+from tests.checkpoints import fields
 from tests.conftest import mpiexec, run_cli
 
 SMALL = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
@@ -117,17 +120,44 @@ def two_rank_run(tmp_path_factory):
     return run
 
 
-def test_checkpoint_from_another_world_size_or_model_is_refused(two_rank_run, tmp_path):
-    ckpt = str(two_rank_run / "checkpoints" / "ckpt-00000020.h5")
-    assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "a")], ranks=1),
-                          "written by 2 ranks but this job has 1; resume with mpiexec -n 2")
+def test_checkpoint_of_another_model_or_an_unsplittable_global_batch_is_refused(two_rank_run, tmp_path):
+    ckpt = str(two_rank_run / "checkpoints" / "ckpt-00000020")
+    assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "a")], ranks=3),
+                          "global batch of 16 samples (2 x 8) cannot be split evenly over 3 ranks")
+    assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "d"), "--batch-size",
+                                   "4"], ranks=1), "the batch size per rank is 16; drop --batch-size 4")
     assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "b"), "--model",
                                    "wide-mlp"], ranks=2), "trained with model='mlp'")
     assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(tmp_path / "c"), "--widths",
                                    "64"], ranks=2), "trained with widths=[32]")
 
 
+def test_resume_refuses_a_moved_warmup_and_creates_nothing(two_rank_run, tmp_path):
+    """Resumed at step 20 (delay stage since step 10) with the switch moved to step 30 the
+    run would count local steps from m = -10; resumed at step 10 with it moved to 5, stay SSGD."""
+    for name, flags, old, now in (("a", ["--warmup-steps", "30"], "--warmup-steps 10", "--warmup-steps 30"),
+                                  ("b", ["--warmup-steps", "5"], "--warmup-steps 10", "--warmup-steps 5"),
+                                  ("c", ["--warmup-epochs", "1"], "--warmup-steps 10", "--warmup-epochs 1.0")):
+        ckpt = str(two_rank_run / "checkpoints" / f"ckpt-000000{'10' if name == 'b' else '20'}")
+        run_dir = tmp_path / name
+        assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(run_dir)] + flags, ranks=2),
+                              f"trained with {old} but this run asks for {now}: a resumed run cannot move the switch")
+        assert not run_dir.exists()
+
+
+def test_train_longer_under_a_cosine_schedule_is_refused(tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "--run-dir", str(run)] + SMALL + ["--lr-schedule", "cosine"]
+    assert run_cli(args + ["--steps", "20"]).returncode == 0
+    before = sorted(os.listdir(run / "checkpoints"))
+    assert_one_line_error(run_cli(args + ["--resume", "auto", "--steps", "40"]),
+                          "--lr-schedule cosine spreads its decay over the whole run: the checkpoint was trained for "
+                          "--steps 20, and resuming it for --steps 40")
+    assert sorted(os.listdir(run / "checkpoints")) == before
+
+
 def flip_byte_in(path: Path, dataset: str, at: int = 11):
+    """Flip one bit of ``dataset``'s data in the HDF5 file ``path``."""
     with h5py.File(path, "r") as f:
         offset = f[dataset].id.get_offset()
     with open(path, "r+b") as f:
@@ -140,30 +170,40 @@ def flip_byte_in(path: Path, dataset: str, at: int = 11):
 def test_resume_auto_skips_truncated_and_flipped_checkpoints(two_rank_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(two_rank_run, run)
-    with open(run / "checkpoints" / "ckpt-00000040.h5", "r+b") as f:
+    with open(run / "checkpoints" / "ckpt-00000040" / "rank-0000.h5", "r+b") as f:
         f.truncate(os.path.getsize(f.name) // 3)
-    flip_byte_in(run / "checkpoints" / "ckpt-00000030.h5", "rank_0001/algo/L")
-    verify = run_cli(["ckpt", "verify"] + sorted(str(p) for p in (run / "checkpoints").iterdir()))
+    flip_byte_in(run / "checkpoints" / "ckpt-00000030" / "rank-0001.h5", "state/algo/L")
+    verify = run_cli(["ckpt", "verify", str(run)])
     assert verify.returncode == 2
     assert verify.stdout.count(": ok") == 2 and verify.stdout.count("CORRUPT") == 2
+    assert "ckpt-00000030: CORRUPT: rank-0001.h5: dataset /state/algo/L checksum mismatch" in verify.stdout
 
     result = run_cli(["train", "--run-dir", str(run), "--resume", "auto", "--steps", "50"] + SMALL, ranks=2)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: skipping corrupt")]
-    assert len(warnings) == 2 and "ckpt-00000040.h5" in warnings[0] and "ckpt-00000030.h5" in warnings[1]
+    assert len(warnings) == 2 and "ckpt-00000040" in warnings[0] and "ckpt-00000030" in warnings[1]
     assert "checksum mismatch" in warnings[1]
-    assert "resumed from" in result.stdout and "ckpt-00000020.h5 at step 20" in result.stdout
+    assert "resumed from" in result.stdout and "ckpt-00000020 at step 20" in result.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == 50
 
 
 def test_ckpt_inspect_and_eval(two_rank_run):
-    ckpt = str(two_rank_run / "checkpoints" / "ckpt-00000040.h5")
+    ckpt = str(two_rank_run / "checkpoints" / "ckpt-00000040")
     inspect = run_cli(["ckpt", "inspect", ckpt])
     assert inspect.returncode == 0
-    assert "step 40" in inspect.stdout and "world size 2" in inspect.stdout and "/rank_0001/algo/L" in inspect.stdout
+    lines = inspect.stdout.splitlines()
+    assert lines[0] == f"checkpoint {ckpt}  (best, last)" and lines[-1] == "  checksums: ok", lines
+    assert "step 40, epoch 0.45, stage delay" in inspect.stdout and ", 2 ranks, batch 8 per rank" in inspect.stdout
+    assert re.search(r"test accuracy of its global model W: \d+\.\d\d%", inspect.stdout), inspect.stdout
+    assert "algo/L" not in inspect.stdout and len(lines) <= 10          # a summary, not every array
+    arrays = run_cli(["ckpt", "inspect", "--arrays", ckpt]).stdout
+    assert "  rank 1 (rank-0001.h5):" in arrays and "    algo/L  float32 (2410,)" in arrays
+    assert "    algo/W  <f4 (2410,)" in arrays                               # shared, listed once
     meta = json.loads(run_cli(["ckpt", "inspect", "--json", str(two_rank_run)]).stdout)
-    assert meta["step"] == 40 and meta["config"]["widths"] == [32]
+    assert meta["step"] == 40 and meta["config"]["widths"] == [32] and meta["problems"] == []
+    listing = run_cli(["ckpt", "list", str(two_rank_run)]).stdout.splitlines()
+    assert [line.split()[0] for line in listing] == ["10", "20", "30", "40"] and listing[-1].endswith("(best, last)")
 
     serial = json.loads(run_cli(["eval", "--checkpoint", ckpt, "--json"]).stdout)
     sharded = run_cli(["eval", "--checkpoint", ckpt, "--json"], ranks=2)
@@ -184,14 +224,55 @@ def test_divergence_is_one_line_with_exit_3(two_rank_run, tmp_path):
     result = run_cli(["train", "--run-dir", str(run), "--resume", "auto", "--lr", "1e30", "--steps", "80"], ranks=2)
     assert result.returncode == 3
     lines = error_lines(result)
-    assert len(lines) == 1 and "training diverged" in lines[0] and "ckpt-00000040.h5" in lines[0], lines
+    assert len(lines) == 1 and "training diverged" in lines[0] and "ckpt-00000040" in lines[0], lines
 
 
 def test_config_yaml_of_a_run_reproduces_it_bitwise(two_rank_run, tmp_path):
     again = tmp_path / "again"
     result = run_cli(["train", "--config", str(two_rank_run / "config.yaml"), "--run-dir", str(again)], ranks=2)
     assert result.returncode == 0, result.stderr
-    name = "checkpoints/ckpt-00000040.h5"
-    with h5py.File(two_rank_run / name, "r") as a, h5py.File(again / name, "r") as b:
-        for key in ("model/global_weights", "rank_0001/algo/L", "rank_0001/algo/M"):
-            assert np.array_equal(a[key][()], b[key][()]), key
+    name = "checkpoints/ckpt-00000040"
+    assert field_differences(fields(str(two_rank_run / name)), fields(str(again / name))) == []
+
+
+def as_format_1(ckpt: Path, dest: Path) -> Path:
+    """``ckpt`` (a directory) written as a format-1 file, as ssdmpi wrote them before: every rank's
+    whole tree (the shared arrays in it), the global model and rank 0's buffers at the top."""
+    meta = checkpoint.read_meta(str(ckpt))
+    shared = {name: sharded.read_shared(str(ckpt), meta, name) for name in meta["shared"]}
+    states = []
+    for rank in range(meta["world_size"]):
+        state = sharded.read_rank_state(str(ckpt), rank)
+        state["algo"].update({name.split("/", 1)[1]: a for name, a in shared.items() if name.startswith("algo/")})
+        states.append((rank, state))
+    top = {"model": {"global_weights": sharded.read_shared(str(ckpt), meta, "model/global_weights"),
+                     "buffers": states[0][1]["model"]["buffers"]}}
+    fields_ = {k: v for k, v in meta.items() if k not in ("files", "shared", "aliases", "write", "eval", "format",
+                                                       "format_version")}
+    path = dest / f"ckpt-{meta['step']:08d}.h5"
+    format1.write_checkpoint(str(path), fields_, states, top)
+    return path
+
+
+def test_format_1_checkpoints_resume_and_convert(two_rank_run, tmp_path):
+    old = as_format_1(two_rank_run / "checkpoints" / "ckpt-00000020", tmp_path)
+    assert checkpoint.verify(str(old)) == [] and checkpoint.read_meta(str(old))["format_version"] == 1
+    runs = {}
+    for name, source in (("from-directory", two_rank_run / "checkpoints" / "ckpt-00000020"), ("from-file", old)):
+        result = run_cli(["train", "--resume", str(source), "--run-dir", str(tmp_path / name), "--steps", "40"]
+                         + SMALL, ranks=2)
+        assert result.returncode == 0, result.stderr
+        runs[name] = fields(str(tmp_path / name / "checkpoints" / "ckpt-00000040"))
+    assert field_differences(runs["from-directory"], runs["from-file"]) == []      # bit for bit
+
+    assert_one_line_error(run_cli(["train", "--resume", str(old), "--run-dir", str(tmp_path / "one")], ranks=1),
+                          "written by 2 ranks in format 1, which resumes only on as many; resume with mpiexec -n 2")
+    converted = run_cli(["ckpt", "convert", str(old)])
+    assert converted.returncode == 0 and converted.stdout.strip() == f"{old} -> {tmp_path / 'ckpt-00000020'}"
+    assert checkpoint.verify(str(tmp_path / "ckpt-00000020")) == []
+    assert field_differences(fields(str(tmp_path / "ckpt-00000020")),
+                             fields(str(two_rank_run / "checkpoints" / "ckpt-00000020"))) == []
+    assert_one_line_error(run_cli(["ckpt", "convert", str(old)]), "exists already")
+    resumed = run_cli(["train", "--resume", str(tmp_path / "ckpt-00000020"), "--run-dir", str(tmp_path / "one"),
+                       "--steps", "30"] + SMALL, ranks=1)
+    assert resumed.returncode == 0 and "resumed on another number of ranks (2 -> 1)" in resumed.stdout, resumed.stderr

@@ -11,8 +11,11 @@ class Algo:
     def __init__(self, t=0):
         self.t, self.W = t, np.arange(4.0)
 
-    def state_dict(self):
-        return {"t": self.t, "W": self.W.copy()}
+    def state_dict(self, copy=True):
+        return {"t": self.t, "W": self.W.copy() if copy else self.W}
+
+    def replicated(self):
+        return ("W",)
 
     def load_state_dict(self, d):
         self.t, self.W = int(d["t"]), d["W"].copy()
@@ -50,10 +53,12 @@ def test_state_dict_holds_every_part_and_load_state_dict_restores_it():
     source.model._buffers["bn.mean"][:] = 3.0
     tree = source.state_dict()
     assert list(tree) == ["algo", "model", "loader", "trainer"]
-    assert tree["model"]["params"] is not source.model.params          # a copy, not the live buffer
+    assert tree["algo"]["W"] is not source.algo.W                      # copies, not the live buffers
+    assert tree["model"]["buffers"]["bn.mean"] is not source.model.buffers()["bn.mean"]
+    assert source.state_dict(copy=False)["model"]["buffers"]["bn.mean"] is source.model.buffers()["bn.mean"]
+    assert "params" not in tree["model"]                                # W or L: the algorithm restores them
     assert tree["trainer"]["step"] == 7 and tree["trainer"]["elapsed"] >= 10.0
-    shared = source.shared(tree)
-    np.testing.assert_array_equal(shared["model"]["global_weights"], source.algo.W)
+    assert source.replicated() == ("algo/W",)
 
     target = TrainingState(Model(), Algo(), Loader())
     target.load_state_dict(tree)

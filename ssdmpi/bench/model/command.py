@@ -5,7 +5,9 @@ Run it as ``ssdmpi bench model --net 1gbit`` (it relaunches itself as
 under your own launcher: ``bin/ssdmpi-netns --rate 1gbit -- mpiexec -n 2 ssdmpi bench model
 --net 1gbit`` (then ``--net`` only tells the model the nominal rate). With ``--nodes N``
 it relaunches itself on a namespaced cluster instead (``ssdmpi.bench.launch``), a NIC of
-``--net`` per node; ``--fit-from`` predicts this run from an earlier run's link.
+``--net`` per node; ``--fit-from`` predicts this run from an earlier run's link. ``--json FILE``
+writes the result file of ``ssdmpi/bench/result.py`` (the command line, the machine,
+``measured`` and ``model``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import sys
 
 from ssdmpi.bench import launch
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import add_json, deprecated_alias, emit_json
 from ssdmpi.bench.model.alphabeta import analyse, parse_pattern
 from ssdmpi.bench.model.measure import measure, sizes_mb
@@ -149,7 +152,8 @@ def run(args) -> int:
         if args.json != "-":
             print(report(measured, result, args.net), end="", flush=True)
         if args.json:
-            emit_json(args.json, json.dumps({"net": args.net, "nodes": args.nodes, "progress": args.progress,
-                                             "fit_from": args.fit_from, "measured": measured,
-                                             "model": result}, indent=2))
+            emit_json(args.json, result_file.dumps({**result_file.provenance("model"), "net": args.net,
+                                                    "nodes": args.nodes, "progress": args.progress,
+                                                    "fit_from": args.fit_from, "measured": measured,
+                                                    "model": result}))
     return 0

@@ -1,4 +1,5 @@
-"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD.
+"""``ssdmpi train``: data-parallel training with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD (the
+command; ``ssdmpi.train(...)``, the Python API in ``ssdmpi/api.py``, runs the same ``run_job``).
 
 Reads top to bottom like nanoGPT's train.py: ``run`` resolves the configuration
 (``ssdmpi/run_setup.py``), sets up (backend, communicator, data, model, algorithm, resume)
@@ -7,11 +8,13 @@ with every resource in one ``ExitStack``, runs the loop (``ssdmpi/loop.py``) and
 alone talks to the user and writes files (``ssdmpi/report.py``). The state a checkpoint holds is
 ``ssdmpi/training_state.py``'s; evaluation is ``ssdmpi/evaluate.py``'s.
 
-Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``)::
+Run directory (``--run-dir``, default ``runs/<timestamp>-<algo>``, then ``-2``, ``-3``, ... for runs
+started in the same second)::
 
     config.yaml      the resolved configuration (--config reads it back for a new run; its run_dir is a comment)
     metrics.jsonl    one JSON object per logged step and per evaluation (ssdmpi/metrics.py)
-    checkpoints/     ckpt-<step>.h5, the newest --keep-checkpoints of them (ssdmpi/checkpoint/)
+    checkpoints/     ckpt-<step>/ (one file per rank and a manifest), the newest --keep-checkpoints
+                     of them, and the links last and best (ssdmpi/checkpoint/)
     summary.txt      the human summary, also printed at the end; summary.json for scripts
     steps.csv        with --csv: the step records of metrics.jsonl as a table; evals.csv the eval records
     tensorboard/     with --tensorboard: TensorBoard event files (tensorboard --logdir RUN; ssdmpi/loggers.py)
@@ -24,7 +27,8 @@ When things happen (``t`` = iterations done, ``E`` = steps per epoch):
   trainer adds; with ``--log-every 10`` a signal is acted on within 10 steps;
 * at each epoch's end (``t % E == 0``) and every ``--checkpoint-every`` steps: checkpoint
   (after ``algo.drain()``, which completes the request in flight without changing the
-  trajectory);
+  trajectory), written in the background and committed at a later sync point; a signal's
+  and the final checkpoint are written before the run goes on or ends;
 * every ``--eval-every`` epochs and at the end: evaluation of the global model ``W`` (and,
   in the delay stage, of rank 0's local model ``L``) on the test split, sharded across the
   ranks, with rank 0's BatchNorm statistics;
@@ -34,7 +38,8 @@ When things happen (``t`` = iterations done, ``E`` = steps per epoch):
 
 Exit codes: 0 done; 2 bad input (one line); 3 diverged (a non-finite loss or weights: the
 run stops at once, keeping the last good checkpoint); 85 checkpointed on SIGUSR1/SIGTERM
-or ``--stop-at-step``, "requeue me" (resume with ``--resume auto``); 130 checkpointed
+or ``--stop-at-step``, "requeue me" (the line printed is the command that resumes it, with
+``--resume auto``; on a finished run that only says it is complete); 130 checkpointed
 after Ctrl-C (SIGINT; a second Ctrl-C aborts at once); 1 anything else (the whole job is
 aborted, naming the failing rank). Signal handlers only set a flag; the ranks act on it
 together at the next synchronisation point.
@@ -44,18 +49,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import sys
-import types
 
 from ssdmpi.config import add_arguments as _add_config_arguments
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, UserError  # noqa: F401 (re-exported)
-from ssdmpi.loop import evaluate_now, save, train
+from ssdmpi.loop import committed, evaluate_now, save, train
+from ssdmpi.relaunch import resume_command
 from ssdmpi.report import Reporter
 
 EPILOG = """\
 settings: dataclass defaults < --preset (default: default) < --config FILE < flags.
-run directory: config.yaml, metrics.jsonl, checkpoints/ckpt-<step>.h5, summary.txt/.json,
+run directory: config.yaml, metrics.jsonl, checkpoints/ckpt-<step>/ (last, best), summary.txt/.json,
   steps.csv/evals.csv (--csv), tensorboard/ (--tensorboard).
 exit codes: 0 done; 2 bad input; 3 diverged (last good checkpoint kept);
   85 checkpointed on SIGUSR1/SIGTERM or --stop-at-step, requeue me (--resume auto);
@@ -121,13 +127,14 @@ def run(args) -> int:
         from ssdmpi.run_setup import print_config
 
         return print_config(args)
-    return run_job(args, exiting=True)[0]
+    return run_job(args, command=True)[0]
 
 
-def run_job(args, model=None, dataset=None, exiting: bool = False):
+def run_job(args, model=None, dataset=None, command: bool = False):
     """Collective: one run; ``(exit code, Job)``. ``model``/``dataset`` (the Python API,
-    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``exiting``: the
-    process ends after this run (``Stop``).
+    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``command``: the
+    ``ssdmpi train`` command runs this job (its process ends after it, ``Stop``; the hints it
+    prints are command lines), not a script through the Python API.
 
     Every resource (signal handlers, communicator, loader, metrics files) is entered into
     one ExitStack, which frees it on every exit path. The signal handlers go in first, so
@@ -140,7 +147,7 @@ def run_job(args, model=None, dataset=None, exiting: bool = False):
     from ssdmpi.comm.communicator import Communicator
 
     with contextlib.ExitStack() as resources:
-        stop = resources.enter_context(Stop(exiting))
+        stop = resources.enter_context(Stop(exiting=command))
         # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and
         #    resolves; every rank gets the same TrainConfig.
         rank, size = world.rank_and_size()
@@ -153,14 +160,20 @@ def run_job(args, model=None, dataset=None, exiting: bool = False):
             xp = backend.get_xp()
             comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
             job = setup(cfg, soft, ckpt_meta, comm, xp, resources, model=model, dataset=dataset)
-            job.placement = placement
+            job.placement, job.command = placement, command
             if ckpt_path is not None:
-                resume(job, comm, ckpt_path)
+                resume(job, comm, ckpt_path, ckpt_meta)
         except BaseException:
             if rank == 0:
                 run_setup.remove_created(created)
             raise
+        if ckpt_meta is not None and ckpt_meta.get("reason") == "final" and job.state.step >= job.total_steps:
+            return complete(job, comm), job
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
+        if job.resize is not None:
+            out.write(job.resize)
+            out.message(f"resumed on another number of ranks ({job.resize['from_ranks']} -> {job.resize['to_ranks']}): "
+                        f"{job.resize['merged']}")
         # 3. The loop, then 4. the end.
         code, reason = train(job, comm, out, stop)
         return finish(job, comm, out, code, reason), job
@@ -181,8 +194,11 @@ class Job:
     E: int                   # steps per epoch
     total_steps: int
     workers: int             # ranks that train on data (all but asgd's servers, which have no loader)
+    checkpoints: object = None           # this rank's CheckpointWriter (ssdmpi/checkpoint/writer.py)
     last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
     placement: object = None             # this rank's threads and GPU, and why (comm/node.py)
+    command: bool = False                # run by the ssdmpi train command (else a script, the Python API)
+    resize: dict | None = None           # the ``resize`` record when resumed on another number of ranks
 
 
 def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=None) -> Job:
@@ -190,11 +206,14 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=No
     ``UserError`` on any rank is raised on every rank; the loader is closed by ``resources``.
     ``model`` (a factory or a ``Model``) and ``dataset`` (a ``Dataset``) come from the Python
     API; None: ``cfg.model`` and ``cfg.dataset`` name them."""
+    import os
+
     import numpy as np
 
     from ssdmpi import backend
     from ssdmpi import config as configuration
     from ssdmpi.algos import build_algorithm
+    from ssdmpi.checkpoint import CheckpointWriter
     from ssdmpi.data import ShardedLoader, load_dataset
     from ssdmpi.evaluate import Evaluator
     from ssdmpi.nn import build_model
@@ -228,18 +247,19 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=No
         "train.dataset": dataset.name, "train.samples": len(dataset.train_x), "train.test_samples": len(dataset.test_x),
         "train.batch_size": cfg.batch_size, "train.seed": cfg.seed, "train.steps_per_epoch": E,
         "train.total_steps": total_steps, "train.model": cfg.model}))
+    writer = resources.enter_context(CheckpointWriter(os.path.join(cfg.run_dir, "checkpoints"), cfg.keep_checkpoints))
     return Job(cfg=cfg, algo_cfg=algo_cfg, dataset=dataset, model=model, loader=loader, algo=algo,
                state=TrainingState(model, algo, loader), evaluator=Evaluator(comm, model, algo, dataset),
-               E=E, total_steps=total_steps, workers=workers)
+               E=E, total_steps=total_steps, workers=workers, checkpoints=writer)
 
 
-def resume(job: Job, comm, ckpt_path: str) -> None:
-    """Collective: every rank's state from the checkpoint rank 0 verified."""
+def resume(job: Job, comm, ckpt_path: str, ckpt_meta: dict) -> None:
+    """Collective: every rank's state from the checkpoint rank 0 verified (on another number of
+    ranks: rebuilt from the old ranks' states, ``job.resize`` says how)."""
     from ssdmpi import checkpoint
 
-    meta, tree, _ = checkpoint.load_collective(comm, ckpt_path)
-    comm.agree(lambda: checkpoint.check_compatible(meta, comm.size, job.cfg.model, int(job.model.params.size)))
-    comm.agree(lambda: job.state.load_state_dict(tree))
+    comm.agree(lambda: checkpoint.check_compatible(ckpt_meta, job.cfg.model, int(job.model.params.size)))
+    job.resize = checkpoint.restore(comm, ckpt_path, ckpt_meta, job.state)
     job.state.check_consistent(ckpt_path)
     job.last_checkpoint = ckpt_path
 
@@ -251,6 +271,8 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
     every communicated gradient into W, the final checkpoint, evaluation and summary."""
     run_time = job.state.time_s()
     out.progress.close()
+    for record in job.checkpoints.complete(comm):   # a checkpoint still being written: commit it first
+        committed(job, out, record)
     if code == DIVERGED_EXIT:
         out.write({"kind": "stop", "step": job.state.step, "reason": reason, "exit_code": code})
         where = (f"the last good checkpoint is {job.last_checkpoint}" if job.last_checkpoint
@@ -261,21 +283,40 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
     if reason:
         out.write({"kind": "stop", "step": job.state.step, "reason": reason, "exit_code": code,
                    "checkpoint": job.last_checkpoint})
+        again = resume_command(job.cfg.run_dir, comm.size, command=job.command)
         _say(comm.rank, f"ssdmpi train: stopped at step {job.state.step} ({reason}); checkpoint "
-                        f"{job.last_checkpoint}. Continue with: ssdmpi train --run-dir {job.cfg.run_dir} "
-                        f"--resume auto (exit code {code})")
+                        f"{job.last_checkpoint}. Continue with: {again} (exit code {code})")
         return code
     # The final checkpoint holds every rank's state as it stands now, so that training longer
     # (--resume auto with more epochs) continues bit for bit as if the run had never stopped,
     # and, as its model, W after finalize: every communicated sum and the partial period
     # applied. That W is what the final evaluation (recorded in the checkpoint) measures.
     job.algo.drain()
-    tree = job.state.state_dict()         # host copies: finalize does not touch them
+    tree, replicated = job.state.state_dict(), job.state.replicated()   # host copies: finalize does not touch them
     job.algo.finalize()
     job.state.last_eval = tree["trainer"]["last_eval"] = evaluate_now(job, out)
-    save(job, comm, out, "final", tree)
+    save(job, comm, out, "final", tree, replicated, weights=job.algo.global_weights())
     if comm.rank == 0:
         _summary(job, comm.size, run_time)
+    return 0
+
+
+def complete(job: Job, comm) -> int:
+    """Collective: resumed from a finished run's final checkpoint at or past the last step asked
+    for, there is nothing to train: say so in one line and how to train longer; write nothing.
+    ``W`` is made what the run ended with (``algo.finalize()``, as ``finish`` did), for the
+    Python API."""
+    cfg, step, total = job.cfg, job.state.step, job.total_steps
+    job.algo.drain()
+    job.algo.finalize()
+    by_steps = cfg.steps is not None
+    longer = {"steps": step + job.E} if by_steps else {"epochs": 2 * math.ceil(step / job.E)}
+    acc = job.state.last_eval.get("test_acc")
+    where = f"step {step} of {total}" if step == total else f"step {step}, past the {total} steps asked for"
+    _say(comm.rank, f"ssdmpi train: run {cfg.run_dir} is complete ({where}"
+                    + (f", test accuracy {acc:.2%}" if acc is not None else "") + "); nothing to do. To train "
+                    f"longer, give a larger --{'steps' if by_steps else 'epochs'}: "
+                    + resume_command(cfg.run_dir, comm.size, longer, command=job.command))
     return 0
 
 
@@ -294,20 +335,8 @@ def _summary(job: Job, size: int, run_time: float) -> None:
                **state.last_eval,
                **({k: totals[k] / steps for k in PER_STEP_TOTALS if k in totals} if totals["steps"] else {}),
                **({"delay_auto": job.algo.delay_choice.record()} if getattr(job.algo, "delay_choice", None) else {}),
+               **({"resized": state.resizes} if state.resizes else {}),
                "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "placement": job.placement.describe(),
                "config": cfg.to_dict()}
     text, _ = write_summary(cfg.run_dir, summary)
     print(text, flush=True)
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable: ``ssdmpi.train(config, model=None, dataset=None)`` is the Python API
-    (``ssdmpi/api.py``), while ``ssdmpi.train.run`` & co. stay what the CLI runs."""
-
-    def __call__(self, config=None, model=None, dataset=None):
-        from ssdmpi.api import train as api_train
-
-        return api_train(config, model=model, dataset=dataset)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -3,7 +3,7 @@
 The ``unfused_*`` functions are the updates as they were written before ``ssdmpi/optim/fused.py``,
 operation for operation; the tests (tests/unit/test_fused.py) use them as the bitwise oracle.
 
-``python -m ssdmpi.optim.fused_bench`` times old against new for each update on the wide-mlp's
+``python -m ssdmpi.verify.fused_bench`` times old against new for each update on the wide-mlp's
 20,041,642 float32 parameters, alternating old/new runs, and prints medians, spread and the ratio;
 ``--sweep`` times the fused updates at several block sizes. Set ``OMP_NUM_THREADS=1``: a measurement,
 not a test. Buffers hold random normal values; the mask is the wide-mlp's (weights 1, biases 0).
@@ -164,7 +164,8 @@ def sweep(repeats: int, sizes_kib=(16, 32, 64, 128, 256, 512, 1024)) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ssdmpi.optim.fused_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m ssdmpi.verify.fused_bench",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--sweep", action="store_true", help="time the fused updates at several block sizes")
     args = p.parse_args(argv)
