@@ -36,7 +36,9 @@ over the seeds, the difference paired by seed and averaged, and the range over t
 ``DIR/results.csv`` (one row per configuration, appended as each finishes, so an
 interrupted sweep keeps what it did; ``--resume`` skips configurations already there)
 and ``DIR/results.md`` (the table) and ``DIR/result.json`` (every row, the command line and the
-machine: ``ssdmpi/bench/result.py``), both rewritten after each configuration.
+machine: ``ssdmpi/bench/result.py``), both rewritten after each configuration. ``--resume
+--no-run`` rewrites these two from the rows already there and runs nothing (a cell with fewer
+seeds than the sweep's says so).
 """
 
 from __future__ import annotations
@@ -100,6 +102,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help="write DIR/results.csv and DIR/results.md")
     parser.add_argument("--resume", action="store_true",
                         help="with --out: keep DIR's results.csv and skip the configurations already in it")
+    parser.add_argument("--no-run", action="store_true",
+                        help="with --out DIR --resume: rewrite DIR/results.md and DIR/result.json from the rows "
+                             "already in results.csv and run nothing (the others shown as not run)")
 
 
 # --- arguments -------------------------------------------------------------------------
@@ -158,6 +163,8 @@ def parse(args) -> tuple[list[dict], dict]:
                         f"({max(ranks)} x {args.batch_size}); use more samples")
     if args.resume and not args.out:
         raise UserError("--resume needs --out DIR (the sweep to continue)")
+    if args.no_run and not args.resume:
+        raise UserError("--no-run renders the rows a sweep already has: give it with --out DIR --resume")
     settings = dict(dataset=args.dataset, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
                     momentum=args.momentum, weight_decay=args.weight_decay, train_subset=args.train_subset or 0)
     configs = []
@@ -255,12 +262,13 @@ def run_config(cfg: dict, data_path: str | None = None) -> dict:
 
 # --- the table -------------------------------------------------------------------------
 
-def table(rows: list[dict], models, lrs, ranks, variants, k: int) -> str:
+def table(rows: list[dict], models, lrs, ranks, variants, k: int, seeds: int = 1) -> str:
     """Markdown for one ``k``: rows model x lr x N, a column per variant (``NO_DELAY`` ones at k = 0).
 
     A cell over the seeds run: ``mean [mean difference to ssgd, paired by seed] (min..max)``;
     one seed: ``acc [difference]``; the bracket is left out where the row's ssgd did not run
-    for any of the cell's seeds, and the cell is '—' where nothing ran."""
+    for any of the cell's seeds, and the cell is '—' where nothing ran. A cell with fewer of
+    the sweep's ``seeds`` than that says how many it has (``2 of 3 seeds``)."""
     acc = {}
     for r in rows:
         key = (r["model"], float(r["lr"]), int(r["N"]), r["variant"], int(r["k"]))
@@ -274,12 +282,12 @@ def table(rows: list[dict], models, lrs, ranks, variants, k: int) -> str:
                 cells = [model, f"{lr:g}", str(n)]
                 for v in variants:
                     runs = acc.get((model, lr, n, v, 0 if v in NO_DELAY else k), {})
-                    cells.append(_cell(runs, ref))
+                    cells.append(_cell(runs, ref, seeds))
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _cell(runs: dict, ref: dict) -> str:
+def _cell(runs: dict, ref: dict, seeds: int = 1) -> str:
     """``{seed: acc}`` and the row's ssgd ``{seed: acc}`` -> the table cell (see ``table``)."""
     if not runs:
         return "—"
@@ -288,8 +296,11 @@ def _cell(runs: dict, ref: dict) -> str:
     paired = [runs[s] - ref[s] for s in runs if s in ref]
     if paired:
         text += f" [{sum(paired) / len(paired):+.2f}]"
-    if len(values) > 1:
-        text += f" ({min(values):.2f}..{max(values):.2f})"
+    spread = [f"{min(values):.2f}..{max(values):.2f}"] if len(values) > 1 else []
+    if len(values) < seeds:
+        spread.append(f"{len(values)} of {seeds} seeds")
+    if spread:
+        text += f" ({', '.join(spread)})"
     return text
 
 
@@ -380,7 +391,7 @@ def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pen
     for k in (delays if with_k else delays[:1]):
         cols = [v for v in variants if v in NO_DELAY or _merge_delay(v) <= k]
         text += [f"### k = {k}" if with_k else "### every variant without k", "",
-                 table(rows, models, lrs, ranks, cols, k), ""]
+                 table(rows, models, lrs, ranks, cols, k, len(seeds)), ""]
     if pending:
         text += [f"({pending} configuration(s) not run yet: '—')", ""]
     return "\n".join(text)
@@ -405,6 +416,11 @@ def run(args) -> int:
         configs = [c for c in configs if _key(c) not in have]
         if done:
             print(f"resume: {len(done)} configuration(s) already in {args.out}/results.csv", file=sys.stderr)
+    if args.no_run:
+        rows = with_diffs(done)
+        _write_results(args.out, report(rows, pending=len(configs)), rows)
+        print(report(rows, pending=len(configs)))
+        return 0
     from ssdmpi.data import load_dataset
     load_dataset(args.dataset, args.data_path)      # fail early (and, with fork, load once for all jobs)
     rows = list(done)

@@ -193,6 +193,29 @@ def test_resume_skips_done_configurations_and_runs_the_rest(tmp_path):
     assert len({(r["N"], r["variant"], r["k"]) for r in rows}) == len(rows)
 
 
+def test_no_run_renders_the_rows_there_and_marks_cells_short_of_seeds(tmp_path):
+    """A sweep over seeds 0 and 1 of which only seed 0 ran: ``--resume --no-run`` runs nothing (the CSV
+    is unchanged), and each cell of seed 0 alone says it has 1 of the 2 seeds."""
+    out = tmp_path / "partial"
+    args = TINY[:-1] + ["ssgd,localsgd", "--ranks", "2", "--delays", "2"]
+    first = bench(args + ["--seed", "0", "--out", str(out)])
+    assert first.returncode == 0, first.stderr
+    before = (out / "results.csv").read_text()
+    rows = read_csv(out / "results.csv")
+    acc = {r["variant"]: float(r["acc_W"]) for r in rows}
+    rendered = bench(args + ["--seed", "0,1", "--out", str(out), "--resume", "--no-run"])
+    assert rendered.returncode == 0, rendered.stderr
+    assert (out / "results.csv").read_text() == before
+    columns, lines = tables(rendered.stdout)[2]
+    assert columns == ["model", "lr", "N", "ssgd", "localsgd k=2"] and len(lines) == 1
+    ssgd, local = acc["ssgd"], acc["localsgd"]
+    assert lines[0][3:] == [f"{ssgd:.2f} [+0.00] (1 of 2 seeds)", f"{local:.2f} [{local - ssgd:+.2f}] (1 of 2 seeds)"]
+    assert "(2 configuration(s) not run yet" in rendered.stdout
+    assert (out / "results.md").read_text().rstrip() == rendered.stdout.rstrip()
+    refused = bench(args + ["--no-run"])
+    assert refused.returncode == 2 and "--no-run" in refused.stderr and not refused.stdout
+
+
 @pytest.mark.parametrize("args, words", [
     (["--variants", "ssgd,foo"], "--variants: unknown foo"),
     (["--models", "resnet"], "--models: unknown resnet"),
