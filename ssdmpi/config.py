@@ -37,6 +37,7 @@ from importlib import resources
 import yaml
 
 from ssdmpi.algos import registry
+from ssdmpi.algos.overlap import DEFAULT_BUCKET_BYTES
 from ssdmpi.algos.registry import RESOLVED, AlgoConfig, Setting
 from ssdmpi.comm.progress import DEFAULTS as PROGRESS_DEFAULTS
 from ssdmpi.comm.progress import PROGRESS
@@ -44,9 +45,9 @@ from ssdmpi.comm.transport import TRANSPORTS
 from ssdmpi.comm.watchdog import STALL_TIMEOUT_S
 from ssdmpi.data.names import DATASETS
 from ssdmpi.errors import UserError
-from ssdmpi.optim.schedules import schedule_in_steps
+from ssdmpi.optim.schedules import parse_schedule, schedule_in_steps
 from ssdmpi.parsing import parse_list, parse_size
-from ssdmpi.validate import did_you_mean, is_int, nonnegative_int, number, positive_int
+from ssdmpi.validate import did_you_mean, flag_name, is_int, nonnegative_int, number, positive_int
 
 DATA, LENGTH, RUNTIME, RUN_DIR = "data and model", registry.OPTIMIZER, "runtime", "run directory, checkpoints, logging"
 
@@ -120,8 +121,11 @@ SETTINGS = {s.name: s for s in (
     Setting("transport", "auto", "how GPU buffers reach MPI", choices=TRANSPORTS, group=RUNTIME),
     Setting("stall_timeout", STALL_TIMEOUT_S, "abort the job when one wait lasts longer than this", float,
             functools.partial(number, low=0.0, strict=True), metavar="SEC", group=RUNTIME),
-    Setting("bucket_size", None, "split each allreduce into pieces of SIZE bytes (e.g. 4M; K, M, G are powers of "
-            "1024)", _size, positive_int, metavar="SIZE", group=RUNTIME, default_text="one fused buffer"),
+    Setting("bucket_size", None, "split each allreduce into pieces of SIZE bytes, and post the gradient's during the "
+            "backward pass in buckets of at least SIZE, layer by layer (e.g. 4M; K, M, G are powers of 1024)", _size,
+            positive_int, metavar="SIZE", group=RUNTIME,
+            default_text=f"one fused buffer; the gradient's during the backward pass in buckets of "
+                         f"{DEFAULT_BUCKET_BYTES // 2**20}M (PyTorch DDP's)"),
     Setting("run_dir", None, "run directory", check=_text, metavar="DIR", group=RUN_DIR, inherited=False,
             invocation=True, default_text="runs/<timestamp>-<algo>, -2, -3, ... if taken"),
     Setting("checkpoint_every", 0, "checkpoint every N steps, besides each epoch's end and the end (0: only those)",
@@ -148,6 +152,12 @@ FIELD_NAMES = tuple(SETTINGS)
 # (given in steps or in epochs).
 UNSET = (*RESOLVED, "warmup_steps")
 STRUCTURAL = tuple(n for n, s in SETTINGS.items() if s.structural)
+# Settings that replace each other (the first one set wins), checked as a pair on resume:
+# the SSGD warm-up's length, and the run's length (``steps`` wins over ``epochs``).
+WARMUP = ("warmup_steps", "warmup_epochs")
+RUN_LENGTH = ("steps", "epochs")
+# Learning-rate schedules whose every value depends on the run's length.
+LENGTH_SCHEDULES = ("cosine", "poly")
 INVOCATION = tuple(n for n, s in SETTINGS.items() if s.invocation)
 
 
@@ -378,12 +388,42 @@ def soft_settings(args) -> set:
 
 
 def check_resume(old: dict, cfg) -> None:
-    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config."""
+    """``UserError`` if a structural setting differs from the checkpoint's (``old``) config, if
+    the SSGD warm-up changed (the switch to the delay stage cannot move: resumed past a new
+    switch point the run would stay SSGD, or count its local steps from a negative ``m``), or
+    if the run's length changed under a schedule that depends on it (``cosine``, ``poly``: the
+    lr would jump at the resume point and the run would match neither length's run)."""
     old = normalise(dict(old), "checkpoint config")
     for name in STRUCTURAL:
         if name in old and old[name] != getattr(cfg, name):
             raise UserError(f"the checkpoint was trained with {SETTINGS[name].flag}={old[name]!r} but this run asks "
                             f"for {getattr(cfg, name)!r}; drop that setting or start a new run directory")
+    was, now = _first_set(old, WARMUP), _first_set(cfg.to_dict(), WARMUP)
+    if was != now:
+        raise UserError(f"the checkpoint was trained with {_as_flag(*was)} but this run asks for {_as_flag(*now)}: a "
+                        "resumed run cannot move the switch from the SSGD warm-up to the delay stage; drop that "
+                        "setting or start a new run directory")
+    was, now = _first_set(old, RUN_LENGTH), _first_set(cfg.to_dict(), RUN_LENGTH)
+    for name in ("lr_schedule", "local_lr_schedule"):
+        spec = getattr(cfg, name)
+        if was != now and spec is not None and old.get(name) == spec and parse_schedule(spec)[0] in LENGTH_SCHEDULES:
+            raise UserError(f"--{flag_name(name)} {spec} spreads its decay over the whole run: the checkpoint was "
+                            f"trained for {_as_flag(*was)}, and resuming it for {_as_flag(*now)} would make the lr "
+                            f"jump at the resume point (matching neither run); keep {_as_flag(*was)}, or train for "
+                            f"{_as_flag(*now)} from the start in a new run directory")
+
+
+def _first_set(settings: dict, names: tuple) -> tuple:
+    """``(name, value)`` of the first of ``names`` set in ``settings`` (they replace each other),
+    ``(names[0], None)`` when none is."""
+    for name in names:
+        if settings.get(name) is not None:
+            return name, settings[name]
+    return names[0], None
+
+
+def _as_flag(name: str, value) -> str:
+    return f"--{flag_name(name)} {_show(value)}" if value is not None else f"no --{flag_name(name)}"
 
 
 def changed_settings(old: dict, cfg) -> list:

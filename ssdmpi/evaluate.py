@@ -6,14 +6,18 @@ with whatever weights and buffers the model holds, and one scalar allreduce sums
 the correct count and the sample count, so every rank returns the same ``(loss, accuracy)``
 over the whole split. With one rank (or ``comm=None``) it is plain serial evaluation.
 
-``Evaluator`` is the trainer's: it evaluates the global model ``W`` (and rank 0's local
-model ``L``) with rank 0's BatchNorm statistics, then puts the training state back.
+``Evaluator`` is the trainer's: it evaluates the global model ``W`` with the BatchNorm
+running statistics averaged over the ranks that train (``mean_buffers``: every rank's
+statistics come from its own batches, and ``W`` is the average of all ranks' training),
+and rank 0's local model ``L`` with rank 0's own statistics; then it puts the training
+state back (the averaged statistics exist only for the evaluation).
 
 ``ssdmpi eval --checkpoint PATH`` rebuilds the checkpoint's model from its stored config,
-loads the global model ``W`` and rank 0's BatchNorm statistics (``/model`` in the file),
-and evaluates it on the test split of the checkpoint's dataset (or ``--dataset``). Under
-``mpiexec -n N`` the ranks share the work. ``--local`` evaluates rank 0's local model
-``L`` instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
+loads the global model ``W`` with the BatchNorm statistics of every rank that trained,
+averaged as above (``checkpoint.read_model``), and evaluates it on the test
+split of the checkpoint's dataset (or ``--dataset``). Under ``mpiexec -n N`` the ranks share
+the work. ``--local`` evaluates rank 0's local model ``L`` with rank 0's own statistics
+instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as for
 ``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
 """
 
@@ -55,8 +59,35 @@ def evaluate(model, x, y, comm=None, batch_size: int = EVAL_BATCH) -> tuple[floa
     return float(np.float64(totals["loss"]) / n), float(np.float64(totals["correct"]) / n), n
 
 
+def mean_buffers(comm, model, trains: bool = True) -> dict:
+    """Collective: the mean over the ranks that train of this model's float buffers (the
+    BatchNorm running statistics), as host arrays of the buffers' own dtypes and shapes (the
+    bits of ``ssdmpi/nn/buffers.py``'s ``average`` of every training rank's buffers); ``{}``
+    for a model without them. ``trains``: False on a rank whose statistics never saw a batch
+    (an asgd server): it adds nothing. One blocking allreduce of a float64 vector (the
+    statistics and the count of ranks that train). Changes nothing."""
+    from ssdmpi import backend
+    from ssdmpi.nn.buffers import packed, unpacked
+
+    own = {k: backend.to_host(v) for k, v in model.buffers().items()}
+    flat, names = packed(own)
+    if not names:
+        return {}
+    if not trains:
+        flat[...] = 0.0
+    if comm is not None and comm.size > 1:
+        comm.allreduce(flat, average=False)
+    return unpacked(flat, names, own)
+
+
+def trains_on_data(algo) -> bool:
+    """False on a rank that runs no forward pass in training (an asgd server), True elsewhere."""
+    return not getattr(algo, "is_server", False)
+
+
 class Evaluator:
-    """Test-split evaluation of ``W`` (and rank 0's ``L``) without disturbing the training state."""
+    """Test-split evaluation of ``W`` (averaged BatchNorm statistics) and rank 0's ``L`` (rank 0's
+    own statistics) without disturbing the training state (see the module docstring)."""
 
     def __init__(self, comm, model, algo, dataset):
         self.comm, self.model, self.algo, self.dataset = comm, model, algo, dataset
@@ -74,15 +105,18 @@ class Evaluator:
         L = algo.local_weights()
         L = None if L is None else (L.copy() if L is not model.params else own_params)   # before params change
         try:
-            if own_buffers and comm.size > 1:   # rank 0's BN statistics for everyone
-                host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
-                model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
+            if own_buffers and comm.size > 1:   # W: the statistics of every rank that trains, averaged
+                mean = mean_buffers(comm, model, trains_on_data(algo))
+                model.load_buffers({**own_buffers, **{k: backend.to_device(v) for k, v in mean.items()}})
             W = algo.global_weights()
             if W is not model.params:
                 model.params[...] = W
             loss, acc, _ = evaluate(model, *data, comm)
             out = {"test_acc": acc, "test_loss": loss}
             if L is not None:
+                if own_buffers and comm.size > 1:   # rank 0's L with rank 0's own statistics
+                    host = comm.broadcast_object({k: backend.to_host(v) for k, v in own_buffers.items()}, root=0)
+                    model.load_buffers({k: backend.to_device(v) for k, v in host.items()})
                 host = backend.to_host(L).copy() if comm.rank == 0 else np.empty(L.shape, dtype=L.dtype)
                 comm.broadcast(host, root=0)
                 model.params[...] = backend.to_device(host)
@@ -139,7 +173,8 @@ def run(args) -> int:
 
 def _read_checkpoint(args):
     """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
-    ``shared["buffers"]`` rank 0's buffers: only those are read (and their checksums verified)."""
+    ``shared["buffers"]`` its statistics (``checkpoint.read_model``: for ``W`` the training
+    ranks' averaged, for ``L`` rank 0's own)."""
     from ssdmpi import checkpoint
 
     path = checkpoint.resolve_path(args.checkpoint, deep=False)

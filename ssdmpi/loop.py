@@ -1,6 +1,7 @@
 """The training loop of ``ssdmpi train`` (``train``) and what happens at its synchronisation
 points: the interval's metrics reduced over ranks (``Interval``, ``step_record``,
-``log_interval``), checkpoints (``save``) and evaluations (``evaluate_now``). ``ssdmpi/trainer.py``
+``log_interval``; one sync point later for asgd, ``LaggedSums``), checkpoints (``save``) and
+evaluations (``evaluate_now``). ``ssdmpi/trainer.py``
 sets a run up and ends it; the schedule of sync points is ``Due``'s docstring."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
     state.start_clock()
     comm.stats.reset()
     interval = Interval()
+    lagged = None if getattr(algo, "lockstep", True) else LaggedSums()
     with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
         while state.step < job.total_steps:
             if loader is None:              # an asgd server: it serves the workers' pushes, no loss
@@ -51,12 +53,18 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
                 continue
 
             # -- synchronisation point: metrics, signals and divergence agreed by all ranks at once
-            sums = interval.reduce(comm, stop, algo)
-            log_interval(job, comm, out, sums, interval.steps)
+            # (for an algorithm whose ranks do not step in lockstep, one sync point later: LaggedSums)
+            if lagged is None:
+                done = [(interval.reduce(comm, stop, algo), interval.steps, None)]
+            else:
+                done = lagged.exchange(interval, comm, stop, algo, interval_end(job), settle=due.checkpoint
+                                       or due.planned_stop or due.evaluate or state.step == job.total_steps)
+            for sums, steps, at in done:
+                log_interval(job, comm, out, sums, steps, at)
             for record in job.checkpoints.poll(comm):   # a checkpoint written in the background: commit it
                 committed(job, out, record)
             interval.synced()   # the sync point's own time counts in the next interval (``sync_s``)
-            code, reason = stop_verdict(sums, due.planned_stop, cfg.stop_at_step, state.step)
+            code, reason = stop_verdict(LaggedSums.flags(done), due.planned_stop, cfg.stop_at_step, state.step)
             if code == DIVERGED_EXIT:       # a non-finite loss: stop at once, keep the last good checkpoint
                 return code, reason
             if due.checkpoint or reason:
@@ -182,21 +190,35 @@ class Interval:
         communication stats (one allreduce of a few float64 over the control communicator;
         asgd adds its staleness, and one more allreduce for its maximum). Ranks without
         training steps (asgd's servers) add no times or bytes: per-step means are the workers'."""
+        values, stale_max, mine = self._values(comm, stop, algo)
+        sums = comm.allreduce_scalars(values, op="sum")
+        if stale_max is not None:
+            sums["stale_max"] = comm.allreduce_scalars({"m": stale_max}, op="max")["m"]
+        return dict(sums, **mine)
+
+    def reduce_start(self, comm, stop: Stop, algo):
+        """``reduce`` without waiting: the same sums, from the returned handle's ``wait()``."""
+        values, stale_max, mine = self._values(comm, stop, algo)
+        handles = [comm.allreduce_scalars_start(values, op="sum")]
+        if stale_max is not None:
+            handles.append(comm.allreduce_scalars_start({"m": stale_max}, op="max"))
+        return _PendingSums(handles, mine)
+
+    def _values(self, comm, stop: Stop, algo) -> tuple:
+        """``(this rank's values to sum, its staleness maximum or None, its own step count and wall)``
+        of the interval; starts the sync point's clock (``synced``)."""
         self._t_sync = time.monotonic()
         wall = self._t_sync - self.t0
         c = comm.stats.snapshot_and_reset()
         stale = algo.interval_staleness() if hasattr(algo, "interval_staleness") else {}
         mine = 1.0 if self.steps else 0.0    # per-step means are over the ranks that take steps
-        sums = comm.allreduce_scalars({
+        values = {
             "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": self.bad, "loss": self.loss,
             "steps": self.steps, "wall": wall * mine, "inflight_s": c["inflight_s"] * mine,
             "wait_s": c["wait_s"] * mine, "bytes_sent": c["bytes_sent"] * mine,
             **self._phase_sums(c, algo, mine),
-            **{k: v for k, v in stale.items() if k != "stale_max"}}, op="sum")
-        if stale:
-            sums["stale_max"] = comm.allreduce_scalars({"m": stale["stale_max"]}, op="max")["m"]
-        sums["my_steps"], sums["my_wall"] = self.steps, wall
-        return sums
+            **{k: v for k, v in stale.items() if k != "stale_max"}}
+        return values, (stale["stale_max"] if stale else None), {"my_steps": self.steps, "my_wall": wall}
 
     def _phase_sums(self, c: dict, algo, mine: float) -> dict:
         """This rank's step-breakdown totals (ssdmpi/phases.py), then its phase timers reset."""
@@ -230,21 +252,80 @@ def step_record(sums: dict, global_batch: int) -> dict:
             "overlap": min(1.0, max(0.0, 1 - sums["wait_s"] / sums["inflight_s"])) if sums["inflight_s"] > 0 else 0.0}
 
 
-def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int) -> None:
-    """Record the interval just reduced (``steps`` of this rank's): the ``step`` metrics record,
-    the running totals, the display."""
-    algo, state, step, E = job.algo, job.state, job.state.step, job.E
-    record = {"kind": "step", "step": step, "epoch": step / E, "stage": algo.stage, "time": state.time_s(),
-              "lr": algo.lr_global, "lr_local": algo.lr_local, **step_record(sums, job.cfg.batch_size * job.workers)}
+def interval_end(job: Job) -> dict:
+    """What a step record says about the end of its interval: ``step``, ``epoch``, ``stage``,
+    ``time``, ``lr``, ``lr_local`` (the lr the next iteration steps with), as they are now."""
+    algo, state = job.algo, job.state
+    return {"step": state.step, "epoch": state.step / job.E, "stage": algo.stage, "time": state.time_s(),
+            "lr": algo.lr_global, "lr_local": algo.lr_local}
+
+
+def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int, at: dict | None = None) -> None:
+    """Record the interval reduced (``steps`` of this rank's), which ended as ``at`` says
+    (``interval_end``; None: now): the ``step`` metrics record, the running totals, the display."""
+    state = job.state
+    at = interval_end(job) if at is None else at
+    step, E = at["step"], job.E
+    record = {"kind": "step", **at, **step_record(sums, job.cfg.batch_size * job.workers)}
     for key in PER_STEP_TOTALS:
         state.totals[key] = state.totals.get(key, 0.0) + record[key] * steps
     state.totals["steps"] += steps
     state.totals["wall"] += sums["my_wall"]
     record["train_s"] = state.train_s()
     out.write(record)
-    out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": algo.stage, "loss": record["loss"],
+    out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": at["stage"], "loss": record["loss"],
                                "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
                                "test_acc": state.last_eval.get("test_acc")})   # of the last evaluation
+
+
+class LaggedSums:
+    """The sync points of an algorithm whose ranks do not step in lockstep (``algo.lockstep``
+    False: asgd, whose workers meet only through the servers). A blocking reduction at every
+    ``--log-every`` would align them there, the fastest waiting for the slowest; instead each
+    sync point starts the reduction of its interval (``Interval.reduce_start``) and completes
+    the one started at the previous sync point, so a rank waits only for ranks a whole interval
+    behind it. Signals and a non-finite loss are acted on one sync point later (within
+    ``2 * --log-every`` steps). Where the ranks meet anyway -- a checkpoint, an evaluation,
+    ``--stop-at-step``, the last step -- and when the previous interval asks to stop, the
+    reduction just started is completed too: no reduction is in flight when ``train`` returns
+    or a checkpoint is written."""
+
+    def __init__(self):
+        self.pending = None     # (handle, steps, interval_end) of the last sync point
+
+    def exchange(self, interval: Interval, comm, stop: Stop, algo, at: dict, settle: bool) -> list:
+        """Collective: start this interval's reduction; return ``[(sums, steps, at), ...]`` of the
+        intervals whose reductions completed, oldest first (none at the first sync point)."""
+        posted = (interval.reduce_start(comm, stop, algo), interval.steps, at)
+        done = [self._wait(self.pending)] if self.pending is not None else []
+        self.pending = posted
+        if settle or stop_verdict(self.flags(done), False, None, 0)[1]:
+            done.append(self._wait(self.pending))
+            self.pending = None
+        return done
+
+    @staticmethod
+    def _wait(pending) -> tuple:
+        handle, steps, at = pending
+        return handle.wait(), steps, at
+
+    @staticmethod
+    def flags(done: list) -> dict:
+        """The stop flags (``bad``, ``preempt``, ``interrupt``) of the intervals ``done``, summed."""
+        return {k: sum(sums[k] for sums, _, _ in done) for k in ("bad", "preempt", "interrupt")}
+
+
+class _PendingSums:
+    """``Interval.reduce_start``'s handle: ``wait()`` returns what ``Interval.reduce`` returns."""
+
+    def __init__(self, handles: list, mine: dict):
+        self.handles, self.mine = handles, mine
+
+    def wait(self) -> dict:
+        sums = self.handles[0].wait()
+        if len(self.handles) > 1:
+            sums = dict(sums, stale_max=self.handles[1].wait()["m"])
+        return dict(sums, **self.mine)
 
 
 def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None, replicated=None, weights=None,

@@ -13,9 +13,10 @@ One iteration ``t`` (one ``step()``), after the warm-up:
   so there is nothing else to overlap with);
 - server: serve ``K`` pushes, each in turn: receive a slice (from any worker in
   ``arrival`` order, from worker ``0, 1, ..., K-1`` in ``round-robin`` order), record its
-  staleness ``s - version[w]``, apply ``M <- mu*M - eta_g(t_w)*(lam*mask*W + g)``,
-  ``W <- W + M``, ``s += 1`` (``t_w``: the iteration the gradient belongs to), send ``W``'s
-  slice back to that worker and set ``version[w] = s``.
+  staleness ``tau = s - version[w]``, apply ``M <- mu*M - eta*(lam*mask*W + g)``,
+  ``W <- W + M``, ``s += 1``, send ``W``'s slice back to that worker and set
+  ``version[w] = s``. ``eta = eta_g(t_w)`` (``t_w``: the iteration the gradient belongs to);
+  with ``--asgd-rate staleness``, ``eta = eta_g(t_w) / (1 + tau)``.
 
 In the warm-up (``t < T_w``) the same exchange is SSGD: a server receives the ``K`` pushes
 of iteration ``t`` in worker order, applies one update with their mean (summed pairwise in
@@ -26,6 +27,9 @@ completes. ``drain()`` also refreshes ``W`` on every rank: each server broadcast
 so ``global_weights()`` is the servers' ``W`` after a drain (on a server its own slice is
 live: it IS that rank's part of the replica). ``local_weights()`` is None: evaluation reports
 ``W`` only.
+
+``lockstep = False``: the trainer reduces its sync points' metrics without aligning the ranks
+there (``ssdmpi/loop.py``, ``LaggedSums``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ def shard(num_params: int, j: int, servers: int) -> slice:
     return slice(start, start + base + (1 if j < extra else 0))
 
 
+def push_lr(eta: float, staleness: int, staleness_rate: bool) -> float:
+    """The lr of one push in the asynchronous stage: ``eta``, or with ``--asgd-rate staleness``
+    ``eta / (1 + staleness)`` (ALGORITHM.md 11)."""
+    return eta / (1 + staleness) if staleness_rate else eta
+
+
 def pairwise_sum(xs: list):
     """``(x0 + x1) + (x2 + x3)`` in list order (``x0`` itself for one element)."""
     xs = list(xs)
@@ -65,6 +75,7 @@ class ASGD:
     """The parameter-server baseline; the public API of ``ssdmpi.algos`` (stage ``warmup``|``async``)."""
 
     name = "asgd"
+    lockstep = False     # the workers meet only through the servers (see the module docstring)
 
     def __init__(self, config, model, communicator):
         self.config, self.model, self.comm = config, model, communicator
@@ -72,6 +83,7 @@ class ASGD:
         self.K = worker_count(self.N, self.S)
         self.T_w = int(config.warmup_steps)
         self.round_robin = config.asgd_order == "round-robin"
+        self.staleness_rate = config.asgd_rate == "staleness"
         self.xp = backend.array_module(model.params)
         self.schedule = config.global_schedule()
         self.shards = [shard(model.params.size, j, self.S) for j in range(self.S)]
@@ -163,7 +175,7 @@ class ASGD:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"ASGD(asgd, N={self.N}, servers={self.S}, workers={self.K}, order={c.asgd_order}, "
+        return (f"ASGD(asgd, N={self.N}, servers={self.S}, workers={self.K}, order={c.asgd_order}, rate={c.asgd_rate}, "
                 f"T_w={self.T_w}, lr={c.lr}, momentum={c.momentum}, weight_decay={c.weight_decay}, "
                 f"t={self.t}, stage={self.stage})")
 
@@ -204,7 +216,8 @@ class ASGD:
             self.stale_sum += staleness
             self.stale_n += 1
             self.stale_max = max(self.stale_max, staleness)
-            self.sgd.step(self.Wj, self.Mj, buf, self.schedule(int(self.pushes[w])))
+            self.sgd.step(self.Wj, self.Mj, buf, push_lr(self.schedule(int(self.pushes[w])), staleness,
+                                                         self.staleness_rate))
             self.s += 1
             self.pushes[w] += 1
             self._reply(w)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ssdmpi import backend
 from ssdmpi.algos import auto_delay, resize
+from ssdmpi.algos.overlap import BackwardAllreduce
 from ssdmpi.algos.period import Counts
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
@@ -59,6 +60,9 @@ class Algorithm:
         self.L = None
         self.counts = Counts()   # t, s (a period rule adds to s: ssdmpi/algos/period.py)
         self.phases = Phases()   # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
+        # The gradient allreduce posted bucket by bucket during the backward pass (overlap.py),
+        # in buckets of --bucket-size (the Communicator's bucket_bytes) or DDP's default 25 MiB.
+        self.backward_allreduce = BackwardAllreduce(model, communicator, getattr(communicator, "bucket_bytes", None))
         self._stats = getattr(communicator, "stats", None)
         if self.has_delay_stage and self.T_w == 0:
             self._enter_delay()
@@ -212,23 +216,36 @@ class Algorithm:
 
     def _loss_and_grad(self, x, y, sync: bool = False) -> float:
         """``model.loss_and_grad`` timed into ``phases.fb_s`` (without the ``progress()`` calls the
-        model makes between layers); ``sync``: then wait for the device (``backend.synchronize``)."""
-        st = self._stats
-        t0, p0 = clock(), (st.progress_s if st is not None else 0.0)
+        model makes between layers, nor the bucket copies and posts of ``backward_allreduce``);
+        ``sync``: then wait for the device (``backend.synchronize``)."""
+        st, overlap = self._stats, self.backward_allreduce
+        t0, p0, o0 = clock(), (st.progress_s if st is not None else 0.0), overlap.spent_s
         loss = self.model.loss_and_grad(x, y)
         if sync:
             backend.synchronize()
-        self.phases.fb_s += (clock() - t0) - ((st.progress_s - p0) if st is not None else 0.0)
+        self.phases.fb_s += (clock() - t0) - ((st.progress_s - p0) if st is not None else 0.0) \
+            - (overlap.spent_s - o0)
         return loss
 
-    def _ssgd_step(self, x, y) -> float:
-        """ALGORITHM.md 1.1 / section 3: blocking allreduce of the mean gradients, one global update.
+    def _ssgd_step(self, x, y, overlap: bool = True) -> float:
+        """ALGORITHM.md 1.1 / section 3: the allreduce of the mean gradients, one global update.
 
-        The allreduce sums; the global update divides by ``N`` as it reads the sum (the same
-        bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
-        loss = self._loss_and_grad(x, y, sync=True)
+        ``overlap`` (and the gradient makes more than one bucket): the allreduce is posted bucket
+        by bucket during the backward pass (``backward_allreduce``, ssdmpi/algos/overlap.py) and
+        waited for before the update; else one blocking allreduce after the backward (one bucket
+        would be posted after the backward anyway). The same bits either way (overlap.py says
+        when). The allreduce sums; the global update divides by ``N`` as it reads the sum (the
+        same bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
         G = self.model.grads
-        self.comm.allreduce(G, average=False)     # G/N = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
+        overlap = overlap and len(self.backward_allreduce.buckets) > 1
+        if overlap:
+            self.backward_allreduce.start()
+        loss = self._loss_and_grad(x, y, sync=True)
+        if overlap:
+            self.backward_allreduce.finish().wait()
+        else:
+            self.comm.allreduce(G, average=False)
+        # G/N = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
         self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
         self.s += 1
         return loss
@@ -238,9 +255,10 @@ class Algorithm:
         recorded during the step (the loop resets the stats only between steps); the rest of the
         step (forward, backward, the update) is compute, and the update is that less forward and
         backward. On a GPU the update is still running when the step returns: it lands in the next
-        step's compute, before its synchronize."""
+        step's compute, before its synchronize. Without the backward overlap: ``c`` and ``T`` are
+        measured apart (overlapped, each would hide part of the other)."""
         t0, T0, fb0 = time.perf_counter(), self.comm.stats.inflight_s, self.phases.fb_s
-        loss = self._ssgd_step(x, y)
+        loss = self._ssgd_step(x, y, overlap=False)
         T = self.comm.stats.inflight_s - T0
         c = time.perf_counter() - t0 - T
         self._meter.add(c, T, c - (self.phases.fb_s - fb0))
@@ -305,7 +323,8 @@ class Algorithm:
 
 
 class SSGD(Algorithm):
-    """``--algo ssgd``: the warm-up forever (blocking allreduce and one global update per step)."""
+    """``--algo ssgd``: the warm-up forever (one allreduce, overlapped with the backward pass, and one
+    global update per step)."""
 
     name = "ssgd"
     has_delay_stage = False

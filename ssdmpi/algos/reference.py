@@ -306,7 +306,8 @@ class ASGDSimulation:
     ``K`` workers' loaders (``ShardedLoader(x, y, B, w, K, seed)``) or is ``batches(w, t)``.
     After each ``step()``: ``W``, ``M``, ``s`` (updates applied), ``t``, ``L[w]`` (the weights
     worker ``w`` pulled last and computes on next), ``version[w]`` (``s`` when it pulled),
-    ``staleness`` (one entry per update, in order) and ``losses`` (one per worker).
+    ``staleness`` (one entry per update, in order) and ``losses`` (one per worker). With
+    ``asgd_rate`` ``staleness`` each asynchronous push steps with ``eta / (1 + its staleness)``.
     """
 
     def __init__(self, config, model_factory, batches, world_size: int):
@@ -346,9 +347,12 @@ class ASGDSimulation:
             self._bn[w] = {k: np.array(v, copy=True) for k, v in self.model.buffers().items()}
         return loss, np.array(self.model.grads, copy=True)
 
-    def _update(self, G):
-        """The server's momentum SGD (ALGORITHM.md 3) at the lr of iteration ``t``."""
+    def _update(self, G, staleness: int = 0):
+        """The server's momentum SGD (ALGORITHM.md 3) at the lr of iteration ``t`` (with ``--asgd-rate
+        staleness``, divided by ``1 + staleness``)."""
         eta = self.sched(self.t)
+        if self.cfg.asgd_rate == "staleness":
+            eta = eta / (1 + staleness)
         self.M = self.mu * self.M - eta * (self.lam * (self.mask * self.W) + G)
         self.W = self.W + self.M
         self.s += 1
@@ -372,7 +376,7 @@ class ASGDSimulation:
                 loss, g = self._grad(w)
                 out.append((loss, g))
                 self.staleness.append(self.s - self.version[w])
-                self._update(g)
+                self._update(g, self.staleness[-1])
                 self.L[w] = self.W.copy()
                 self.version[w] = self.s
         self.t += 1

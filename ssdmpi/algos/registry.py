@@ -33,6 +33,7 @@ from ssdmpi.validate import flag_name, is_int, nonnegative_int, number, positive
 
 OPTIMIZER, ALGORITHM = "length and optimizer", "algorithm (docs/ALGORITHM.md)"
 ASGD_ORDERS = ("arrival", "round-robin")   # asgd: pushes applied as they arrive, or in worker order (tests)
+ASGD_RATES = ("plain", "staleness")        # asgd: each push's lr: the global lr, or it / (1 + staleness)
 
 
 def _or(items) -> str:
@@ -155,11 +156,13 @@ SETTINGS = {s.name: s for s in (
             group=ALGORITHM, structural=True, bench_tag="s{}"),
     Setting("asgd_order", ASGD_ORDERS[0], "asgd: apply pushes as they arrive, or in worker order (deterministic, "
             "for tests)", choices=ASGD_ORDERS, group=ALGORITHM),
+    Setting("asgd_rate", "staleness", "asgd: the lr of each push: the global lr, or the global lr / (1 + the "
+            "push's staleness)", choices=ASGD_RATES, group=ALGORITHM),
 )}
 # The settings an algorithm resolves (None in a config: the algorithm's default), in the order they
 # depend on each other; a resolved run records them (``config.yaml``) but for the contextual ones.
 RESOLVED = ("delay", "delay_max", "comm", "period_rule", *(s.name for s in RULE_SETTINGS), "local_update",
-            "local_lr", "local_lr_schedule", "glu_divisor", "servers", "asgd_order")
+            "local_lr", "local_lr_schedule", "glu_divisor", "servers", "asgd_order", "asgd_rate")
 RECORDED = tuple(n for n in RESOLVED if SETTINGS[n].default_text is None)
 # What ``resolve`` checks (the schedules and the epoch counts are checked in the form each layer holds them).
 CHECKED = ("lr", "momentum", "weight_decay", "warmup_steps", *(n for n in RESOLVED if n != "local_lr_schedule"))
@@ -195,8 +198,9 @@ ALGORITHMS = {spec.name: spec for spec in (
     AlgorithmSpec("asgd", lambda cfg: "ssdmpi.algos.asgd:ASGD", lambda cfg: None,
                   lambda cfg, workers: f"asgd ({counted(cfg.servers, 'server')}, {counted(workers, 'worker')}, "
                                        f"order {cfg.asgd_order}, warm-up {cfg.warmup_steps} steps)",
-                  settings=("servers", "asgd_order"), why="a parameter server applying each push", delay_stage=False,
-                  simulation="ssdmpi.algos.reference:ASGDSimulation", bench=("servers",),
+                  settings=("servers", "asgd_order", "asgd_rate"), why="a parameter server applying each push",
+                  delay_stage=False,
+                  simulation="ssdmpi.algos.reference:ASGDSimulation", bench=("servers",), bench_required=0,
                   variants={"asgd": {"servers": 1, "asgd_order": "round-robin"}}, check=_check_servers,
                   workers=lambda run, world_size: world_size - run.servers),
 )}

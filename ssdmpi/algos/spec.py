@@ -80,7 +80,8 @@ class AlgorithmSpec:
     ``label`` the parts of its plot label after the name (``"k={delay}"``: left out when a setting is
     unknown); ``variants`` named settings
     (``ssdmpi bench accuracy``, the GPU check, the tests); ``bench`` the settings a ``bench
-    train`` variant gives after the name (``ssd:period:5``); ``pattern(cfg)`` its communication
+    train`` variant gives after the name (``ssd:period:5``), of which the first ``bench_required`` must
+    be given (None: all); ``pattern(cfg)`` its communication
     pattern in ``ssdmpi bench model``'s terms, ``(kind, k)``, or None; ``baseline``: the
     reference the benchmarks compare against; ``check(run, world_size)`` its own whole-run check;
     ``workers(run, world_size)`` the ranks that train on data.
@@ -100,6 +101,7 @@ class AlgorithmSpec:
     label: tuple = ()
     variants: dict = field(default_factory=dict)
     bench: tuple = ()
+    bench_required: int | None = None
     pattern: Callable = lambda cfg: None
     baseline: bool = False
     check: Callable | None = None

@@ -56,10 +56,13 @@ class SSDStep(_SSDBase):
         if m % k == 0: L <- W                                     (t-1 was a pull iteration)
         L <- local update(L, g_t, m)
 
-    Two gradient buffers alternate: one in flight, one being posted. ``drain()`` waits for
-    the request in flight and applies its global update at once: nothing reads ``W``, ``M``
-    or ``s`` between the end of iteration ``t`` and step 3 of iteration ``t+1``, so draining
-    and continuing is bitwise the same trajectory as not draining.
+    The post of ``g_t`` is bucketed and overlapped with the backward pass that produces it
+    (``backward_allreduce``, ssdmpi/algos/overlap.py: each bucket is copied into buffer t%2 and
+    posted as soon as backward has finished its layers); the wait for ``t-1`` still comes after
+    the last of them, as above. Two gradient buffers alternate: one in flight, one being
+    posted. ``drain()`` waits for the request in flight and applies its global update at once:
+    nothing reads ``W``, ``M`` or ``s`` between the end of iteration ``t`` and step 3 of
+    iteration ``t+1``, so draining and continuing is bitwise the same trajectory as not draining.
     """
 
     def _begin_delay(self) -> None:
@@ -69,13 +72,12 @@ class SSDStep(_SSDBase):
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
+        self.backward_allreduce.start(self._bufs[self.t % 2])   # sums: the global update divides
         loss = self._loss_and_grad(x, y)
         g = self.model.grads
-        buf = self._bufs[self.t % 2]
-        buf[...] = g
-        handle = self.comm.allreduce_start(buf, average=False)   # the sum: the global update divides
+        pending = self.backward_allreduce.finish()
         self._apply_inflight()
-        self._handle = handle
+        self._handle = pending
         if m % self.k == 0:
             self.L[...] = self.W
         self.local.step(self.L, g, m, self.local_lr_at(self.t))

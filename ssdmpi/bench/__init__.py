@@ -17,6 +17,7 @@ KINDS = {
     "engine": "one training step of ssdmpi's engine vs PyTorch, single-threaded",
     "comm": "allreduce bandwidth vs raw mpi4py, and overlap per progress strategy",
     "train": "whole training runs per algorithm on a throttled network: speed and accuracy",
+    "peers": "ssdmpi next to PyTorch DDP and post-local SGD: the same training runs, side by side",
     "model": "alpha-beta communication model: predicted vs measured speedup",
     "accuracy": "final test accuracy of W per algorithm, schedule, local update and k (reference simulator)",
     "checkpoint": "what a checkpoint costs: sharded background writes vs the gather to rank 0, per rank count",

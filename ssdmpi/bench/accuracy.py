@@ -85,7 +85,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on a fixed random subset of N training samples (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="model-initialisation and data-order seed (default 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel processes (default %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="configurations run in parallel processes (default %(default)s)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write DIR/results.csv and DIR/results.md")
     parser.add_argument("--resume", action="store_true",
                         help="with --out: keep DIR's results.csv and skip the configurations already in it")

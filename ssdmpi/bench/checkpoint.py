@@ -72,7 +72,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds per layout, median (default %(default)s)")
     parser.add_argument("--plain-steps", type=int, default=6, help="baseline steps per round (default %(default)s)")
     parser.add_argument("--max-steps", type=int, default=500,
-                        help="steps to wait for a background write before waiting for it outright (default %(default)s)")
+                        help="steps to wait for a background write before waiting for it outright "
+                             "(default %(default)s)")
     parser.add_argument("--progress", default="auto", help="allreduce progress strategy (see ssdmpi train)")
     parser.add_argument("--out", metavar="DIR", help="results and scratch checkpoints (default runs/bench-checkpoint-"
                                                      "<timestamp>)")

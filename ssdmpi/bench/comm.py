@@ -61,9 +61,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overlap-size", default="16M", metavar="SIZE",
                         help="buffer size for the overlap and control parts (default %(default)s)")
     parser.add_argument("--compute-ratio", type=float, default=1.2,
-                        help="compute time as a multiple of the allreduce time in the overlap part (default %(default)s)")
+                        help="compute time as a multiple of the allreduce time in the overlap part "
+                             "(default %(default)s)")
     parser.add_argument("--pieces", type=int, default=10,
-                        help="the compute is cut into this many pieces with progress() between them (default %(default)s)")
+                        help="the compute is cut into this many pieces with progress() between them "
+                             "(default %(default)s)")
     parser.add_argument("--strategies", action=CommaList, default=",".join(STRATEGIES), metavar="S1,S2",
                         help=f"progress strategies to compare, from {','.join(STRATEGIES)} (default: all of them)")
     add_json(parser, "the result (one document)", legacy_switch=True)

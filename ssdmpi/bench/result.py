@@ -3,7 +3,7 @@
 A result file is one JSON object. Its provenance keys are the same for every kind::
 
     format        "ssdmpi-bench-result/1"
-    benchmark     the kind: "train", "comm", "engine", "model", "accuracy" (and "threads":
+    benchmark     the kind: "train", "peers", "comm", "engine", "model", "accuracy" (and "threads":
                   ``python -m ssdmpi.bench.threads``)
     command       the command line as typed, e.g. "ssdmpi bench train --net 1gbit ..."
     date          when the result was written, UTC, ISO 8601 ("2026-12-02T07:50:12Z")
@@ -12,7 +12,7 @@ A result file is one JSON object. Its provenance keys are the same for every kin
                   machine's load moves timings; the 15-minute one covers most runs)
 
 The numbers follow under the kind's own keys: ``rows`` (one object per table row) for
-``train`` (``OUT/result.json``), ``accuracy`` (``OUT/result.json``) and ``threads`` (``--json
+``train`` and ``peers`` (``OUT/result.json``), ``accuracy`` (``OUT/result.json``) and ``threads`` (``--json
 FILE``); the ``--json FILE`` document of ``comm``, ``engine`` and ``model``. Results measured before this format existed
 carry ``recorded``: a sentence saying where their numbers and command come from.
 

@@ -34,7 +34,7 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
   run sends one allreduce every k steps, so its per-step bytes are 1/k of ssgd's);
 - mean staleness (asgd): the servers' version minus the version each applied gradient was
   computed on, mean over the delay-stage updates (``staleness_mean``, weighted by steps);
-- speedup: samples/s over ssgd's (the first ssgd variant; blank without one);
+- speedup: samples/s over ssgd's (the first ssgd variant ``ssdmpi train`` runs; blank without one);
 - train s: wall-clock seconds spent in training steps (the trainer's ``train_s``: the
   evaluations and checkpoints, identical bookkeeping for every algorithm, are left out);
 - the second table (``BREAKDOWN_COLUMNS``): the step breakdown per step, mean over ranks
@@ -119,10 +119,17 @@ class Variant:
     name: str
     algo: str
     settings: dict = field(default_factory=dict)
+    extra: tuple = ()              # more flags of its own (e.g. --progress thread)
+    program: tuple = ("ssdmpi", "train")   # python -m PROGRAM (bench peers: its PyTorch peers)
 
     @property
     def spec(self):
         return registry.algorithm(self.algo)
+
+    @property
+    def by_ssdmpi(self) -> bool:
+        """Trained by ``ssdmpi train`` (not by a peer that takes its flags)."""
+        return self.program == ("ssdmpi", "train")
 
     @property
     def comm(self):
@@ -140,18 +147,23 @@ class Variant:
 
     def train_flags(self) -> list:
         return ["--algo", self.algo] + [part for name, value in self.settings.items()
-                                        for part in (f"--{registry.SETTINGS[name].flag}", str(value))]
+                                        for part in (f"--{registry.SETTINGS[name].flag}", str(value))] \
+            + list(self.extra)
 
 
 def parse_variant(text: str) -> Variant:
     """``NAME[:V1[:V2]]`` -> ``Variant``: an algorithm and the values of its ``bench`` settings, in
-    order (``ssd:period:5``, ``localsgd:5``, ``asgd:2``; left out: their defaults), then, after
+    order (``ssd:period:5``, ``localsgd:5``, ``asgd:2``; those past ``bench_required`` may be left
+    out: their defaults), then, after
     ``auto``, the ``--delay-max`` (``ssd:period:auto:8``) or a setting by its tag (``d2``). The name
     joins the algorithm and each value's tag: ``ssd-period-k5``, ``ssd-period-kauto-max8``."""
     name, *parts = text.strip().split(":")
     spec, given = registry.find(name), {}
     try:
-        if spec is None or len(parts) > len(spec.bench) + 1:
+        if spec is None:
+            raise ValueError(text)
+        required = len(spec.bench) if spec.bench_required is None else spec.bench_required
+        if not required <= len(parts) <= len(spec.bench) + 1:
             raise ValueError(text)
         for i, part in enumerate(parts):
             key = spec.bench[i] if i < len(spec.bench) else "delay_max" if given.get("delay") == "auto" \
@@ -218,7 +230,7 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
     """The argv of one run (see the module docstring)."""
     data = ["--dataset", args.dataset] if not args.train_subset else \
         ["--dataset", "hdf5", "--data-path", str(subset_path(args))]
-    train = [sys.executable, "-m", "ssdmpi", "train", "--run-dir", str(run_dir),
+    train = [sys.executable, "-m", *variant.program, "--run-dir", str(run_dir),
              *data, "--model", args.model, "--batch-size", str(args.batch_size),
              "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--seed", str(args.seed),
              "--no-progress-bar"]
@@ -298,7 +310,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
         rows.append(row)
-        if v.spec.baseline and base is None:
+        if v.spec.baseline and v.by_ssdmpi and base is None:
             base = m
     target = base["final_acc"] - target_drop if base and base["final_acc"] is not None else None
     for row in rows:
@@ -360,8 +372,9 @@ def breakdown_ms(m: dict) -> dict:
 
 
 def _pattern(v: Variant):
-    """``(kind, k)`` of ``bench model``'s step model for a variant (the algorithm's ``pattern``), or None."""
-    return v.spec.pattern(SimpleNamespace(comm=v.comm, delay=v.k))
+    """``(kind, k)`` of ``bench model``'s step model for a variant (the algorithm's ``pattern``), or None
+    (no model for it: a peer's)."""
+    return v.spec.pattern(SimpleNamespace(comm=v.comm, delay=v.k)) if v.by_ssdmpi else None
 
 
 def add_bounds(rows, variants, base) -> None:
@@ -418,11 +431,11 @@ def _fmt(key, value) -> str:
     if value is None or value == "":
         return ""
     if isinstance(value, float):
-        if key in ("speedup", "tta_ratio", "bound", "model_bound"):
+        if key in ("speedup", "tta_ratio", "bound", "model_bound", "x_ddp", "tta_x_ddp"):
             return f"{value:.2f}x"
-        if key in ("of_bound", "of_model", "sum_ratio"):
+        if key in ("of_bound", "of_model", "sum_ratio", "of_overlap_bound"):
             return f"{value:.3f}"
-        if key == "acc_delta":
+        if key in ("acc_delta", "acc_vs_ddp"):
             return f"{value:+.2f}"
         if key in ("mb_per_step", "staleness"):
             return f"{value:.3f}"
@@ -432,34 +445,38 @@ def _fmt(key, value) -> str:
     return str(value)
 
 
-def markdown_table(rows) -> str:
-    """The rows as a GitHub Markdown table (formatted numbers; blank where unknown)."""
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
-             "|" + "|".join("---" if k in ("name", "algo", "comm", "status") else "---:" for k, _ in COLUMNS) + "|"]
+def markdown_table(rows, columns=COLUMNS) -> str:
+    """The rows as a GitHub Markdown table of ``columns`` (formatted numbers; blank where unknown)."""
+    lines = ["| " + " | ".join(h for _, h in columns) + " |",
+             "|" + "|".join("---" if k in ("name", "algo", "comm", "status") else "---:" for k, _ in columns) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k, _ in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows) -> str:
-    """The rows as CSV with machine-friendly headers (the ``COLUMNS`` keys, then the
-    ``BREAKDOWN_COLUMNS`` ones) and full precision."""
+def csv_table(rows, tables=(COLUMNS, BREAKDOWN_COLUMNS)) -> str:
+    """The rows as CSV with machine-friendly headers (the keys of each table's columns, in
+    order, each once: by default ``COLUMNS``, then ``BREAKDOWN_COLUMNS``) and full precision."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    keys = [k for k, _ in COLUMNS]
-    keys += [k for k, _ in BREAKDOWN_COLUMNS if k not in keys]
+    keys = []
+    for columns in tables:
+        keys += [k for k, _ in columns if k not in keys]
     writer.writerow(keys)
     for row in rows:
         writer.writerow(["" if row.get(k) is None else row.get(k) for k in keys])
     return buf.getvalue()
 
 
-def result_json(rows, settings: str) -> str:
-    """The result file of this benchmark (``ssdmpi/bench/result.py``): ``settings`` (the table
-    header's text) and ``rows``, one object per variant with the ``COLUMNS`` and
-    ``BREAKDOWN_COLUMNS`` keys (None where unknown)."""
-    keys = [k for k, _ in COLUMNS] + [k for k, _ in BREAKDOWN_COLUMNS if k not in dict(COLUMNS)]
-    return result_file.dumps({**result_file.provenance("train"), "settings": settings,
+def result_json(rows, settings: str, benchmark: str = "train", tables=(COLUMNS, BREAKDOWN_COLUMNS),
+                **extra) -> str:
+    """The result file of ``ssdmpi bench BENCHMARK`` (``ssdmpi/bench/result.py``): ``settings`` (the
+    table header's text), ``rows`` (one object per variant with the keys of ``tables``' columns,
+    None where unknown) and any ``extra`` keys."""
+    keys = []
+    for columns in tables:
+        keys += [k for k, _ in columns if k not in keys]
+    return result_file.dumps({**result_file.provenance(benchmark), "settings": settings, **extra,
                               "rows": [{k: row.get(k) for k in keys} for row in rows]})
 
 
@@ -477,14 +494,7 @@ def _delays(text: str) -> list:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", metavar="DIR",
-                        help="results directory (runs/, logs/, tables, figures); default runs/bench-train-<timestamp>")
-    parser.add_argument("--net", default="1gbit", metavar="RATE|none",
-                        help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
-                             "'none': shared memory, no namespace (default %(default)s)")
-    parser.add_argument("--ranks", type=int, default=None,
-                        help="MPI ranks per run (default 2; asgd's servers come on top)")
-    add_node_arguments(parser)
+    add_run_arguments(parser, "train")
     delays = parser.add_argument("--delays", default="5", metavar="K1,K2",
                                  help="delays/periods k for the default variants (default %(default)s)")
     deprecated_alias(parser, "--k", delays)
@@ -492,18 +502,33 @@ def add_arguments(parser) -> None:
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
                              "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto, or auto:M: with --delay-max M), "
                              "asgd:S (S parameter servers, on ranks of their own)")
+
+
+def add_run_arguments(parser, kind: str) -> None:
+    """The flags of ``bench train`` that say how and where every run goes (all but the variants);
+    ``bench KIND`` shares them."""
+    parser.add_argument("--out", metavar="DIR",
+                        help=f"results directory (runs/, logs/, tables, figures); "
+                             f"default runs/bench-{kind}-<timestamp>")
+    parser.add_argument("--net", default="1gbit", metavar="RATE|none",
+                        help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
+                             "'none': shared memory, no namespace (default %(default)s)")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="MPI ranks per run (default 2; asgd's servers come on top)")
+    add_node_arguments(parser)
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default %(default)s)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "
                              "the whole test split is kept), for short epochs")
     parser.add_argument("--model", default="wide-mlp",
-                        help="model of every run (default %(default)s: 20 M parameters, communication-bound at 1 Gbit/s)")
+                        help="model of every run (default %(default)s: 20 M parameters, communication-bound at "
+                             "1 Gbit/s)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per run (default %(default)s)")
     parser.add_argument("--steps", type=int, default=None, help="iterations per run (overrides --epochs)")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank (default %(default)s)")
     parser.add_argument("--lr", type=float, default=0.05, help="global learning rate (default %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=20, help="SSGD warm-up iterations (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default %(default)s)")
     parser.add_argument("--train-args", default="", metavar="'FLAGS'",
                         help="more 'ssdmpi train' flags for every run, quoted, e.g. '--log-every 5'")
     parser.add_argument("--repeats", type=int, default=1,
@@ -516,6 +541,17 @@ def add_arguments(parser) -> None:
 
 
 def _validate(args) -> list:
+    check_run_arguments(args)
+    if args.variants:
+        variants = [parse_variant(v) for v in args.variants.split(",")]
+    else:
+        variants = default_variants(_delays(args.delays))
+    check_variants(args, variants)
+    return variants
+
+
+def check_run_arguments(args) -> None:
+    """``UserError`` (one line) for a bad ``add_run_arguments`` flag; resolves ``args.ranks``."""
     args.ranks = node_ranks(args, 2)
     if args.ranks < 1:
         raise UserError(f"--ranks must be >= 1, got {args.ranks}")
@@ -533,15 +569,14 @@ def _validate(args) -> list:
         shlex.split(args.train_args or "")
     except ValueError as exc:
         raise UserError(f"--train-args: {exc}") from None
-    if args.variants:
-        variants = [parse_variant(v) for v in args.variants.split(",")]
-    else:
-        variants = default_variants(_delays(args.delays))
+
+
+def check_variants(args, variants) -> None:
+    """``UserError`` for a variant listed twice, or one that does not fit ``--nodes``."""
     _check_nodes(args, variants)
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise UserError(f"--variants lists a variant twice: {', '.join(names)}")
-    return variants
 
 
 def _check_nodes(args, variants) -> None:
@@ -557,18 +592,54 @@ def _where(args) -> str:
     return f"{args.ranks} ranks, net {args.net}"
 
 
-def _settings(args) -> str:
-    """One line naming the job every variant ran (the tables' header)."""
-    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
-    return (f"ssdmpi bench train: {args.model} on {dataset}, {_where(args)}, batch {args.batch_size}/rank, "
-            f"lr {args.lr}, {f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, "
-            f"warm-up {args.warmup_steps}")
+def settings_line(args, kind: str = "train") -> str:
+    """One line naming the job every variant of ``ssdmpi bench KIND`` ran (the tables' header)."""
+    return f"ssdmpi bench {kind}: {setup_line(args)}"
 
 
 def run(args) -> int:
     variants = _validate(args)
+    launched = run_variants(args, variants, "train")
+    if launched is None:
+        return 0
+    results, failures = launched
+    out = Path(args.out)
+    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
+    md, text_csv = markdown_table(rows), csv_table(rows)
+    md += "\n" + breakdown_table(rows, bound_note(rows))
+    _write_new(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
+    _write_new(out / "results.csv", text_csv)
+    _write_new(out / "result.json", result_json(rows, settings_line(args)))
+    write_figures(args, results)
+    print(md, end="")
+    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
+          f"{out / 'figures'}/")
+    return 1 if failures else 0
+
+
+def setup_line(args) -> str:
+    """What every run of a benchmark trains, and where (the tables' header)."""
+    dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
+    return (f"{args.model} on {dataset}, {_where(args)}, batch {args.batch_size}/rank, lr {args.lr}, "
+            f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps}")
+
+
+def write_figures(args, results: dict) -> None:
+    """``ssdmpi plot``'s figures of every readable run into ``OUT/figures``."""
+    from ssdmpi.plot import make_figures
+
+    runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
+    if runs:
+        make_figures(runs, Path(args.out) / "figures", title=f"{args.model}, {_where(args)}")
+
+
+def run_variants(args, variants, kind: str):
+    """Run every variant ``--repeats`` times, interleaved, each into ``OUT/runs/NAME[-rREP]`` with its
+    log in ``OUT/logs`` (``--reuse``: parse what is there), and parse them; ``(results, failures)``
+    with ``results`` as ``summarise`` takes it. ``--dry-run``: print the commands, run nothing,
+    return None. Sets ``args.out`` (default ``runs/bench-KIND-<timestamp>``, made absolute)."""
     if not args.out:
-        args.out = time.strftime("runs/bench-train-%Y%m%d-%H%M%S")
+        args.out = time.strftime(f"runs/bench-{kind}-%Y%m%d-%H%M%S")
     # Runs are launched from the repository root: make the output path independent of that.
     args.out = str(Path(args.out).resolve())
     out = Path(args.out)
@@ -577,7 +648,7 @@ def run(args) -> int:
     if args.dry_run:
         for v, _, run_dir in jobs:
             print(shlex.join(launch_command(v, run_dir, args)))
-        return 0
+        return None
     if not args.reuse:
         check_cluster() if args.nodes else check_network(args.net)
         existing = [str(d) for _, _, d in jobs if d.exists()]
@@ -587,7 +658,7 @@ def run(args) -> int:
     if args.train_subset and not args.reuse:
         write_subset(args)
 
-    from ssdmpi.plot import load_run, make_figures
+    from ssdmpi.plot import load_run
 
     results, failures = {}, 0
     env = cluster_env() if args.nodes else dict(os.environ)    # one namespace: as users launch
@@ -595,12 +666,12 @@ def run(args) -> int:
         status = None
         if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
             cmd = launch_command(v, run_dir, args)
-            print(f"[bench train] {run_dir.name}: {shlex.join(cmd)}", flush=True)
+            print(f"[bench {kind}] {run_dir.name}: {shlex.join(cmd)}", flush=True)
             start = time.monotonic()
             log = out / "logs" / f"{run_dir.name}.log"
             with open(log, "w") as f:
                 rc = run_bounded(cmd, env, args.timeout, stdout=f, cluster=bool(args.nodes))
-            print(f"[bench train] {run_dir.name}: exit {rc} after {time.monotonic() - start:.0f}s (log {log})",
+            print(f"[bench {kind}] {run_dir.name}: exit {rc} after {time.monotonic() - start:.0f}s (log {log})",
                   flush=True)
             if rc != 0:
                 status = f"failed (exit {rc}, see logs/{log.name})"
@@ -614,17 +685,4 @@ def run(args) -> int:
                 failures += 1
         if not results.get(v.name):
             results[v.name] = status
-
-    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
-    md, text_csv = markdown_table(rows), csv_table(rows)
-    md += "\n" + breakdown_table(rows, bound_note(rows))
-    _write_new(out / "results.md", f"<!-- {_settings(args)} -->\n" + md)
-    _write_new(out / "results.csv", text_csv)
-    _write_new(out / "result.json", result_json(rows, _settings(args)))
-    runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
-    if runs:
-        make_figures(runs, out / "figures", title=f"{args.model}, {_where(args)}")
-    print(md, end="")
-    print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
-          f"{out / 'figures'}/")
-    return 1 if failures else 0
+    return results, failures

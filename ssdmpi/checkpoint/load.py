@@ -34,9 +34,13 @@ def _reading(path: str, fn):
 # --- the model to evaluate ------------------------------------------------------------------------
 
 def read_model(path: str, local: bool = False) -> tuple[dict, np.ndarray, dict]:
-    """``(meta, weights, buffers)``: the global model ``W`` (``local``: rank 0's local model ``L``)
-    and rank 0's model buffers (BatchNorm statistics), reading only those; their checksums are
-    verified (format 2). ``path`` is a checkpoint (``store.resolve_path``)."""
+    """``(meta, weights, buffers)``: the global model ``W`` with the model buffers (BatchNorm
+    statistics) of the ranks that trained averaged as the run's evaluation averaged them
+    (``ssdmpi/nn/buffers.py``; a format-1 file holds rank 0's only), or (``local``) rank 0's
+    local model ``L`` with rank 0's own buffers; reading only those, their checksums verified
+    (format 2). ``path`` is a checkpoint (``store.resolve_path``)."""
+    from ssdmpi.nn.buffers import average
+
     meta = store.read_meta(path)
     if not os.path.isdir(path):
         shared = _reading(path, lambda: format1.read_shared(path, "model"))
@@ -53,10 +57,22 @@ def read_model(path: str, local: bool = False) -> tuple[dict, np.ndarray, dict]:
                 weights = None
         else:
             weights = _reading(path, lambda: sharded.read_shared(path, meta, WEIGHTS))
+            if buffers:
+                workers = int(meta.get("workers") or meta["world_size"])
+                buffers = {**buffers, **average([buffers] + _rank_buffers(path, meta, range(1, workers)))}
     if weights is None:
         raise UserError(f"{path} was written in the {meta.get('stage')} stage: there is no local model L; "
                         "drop --local")
     return meta, np.asarray(weights), dict(buffers)
+
+
+def _rank_buffers(path: str, meta: dict, ranks) -> list:
+    """The model buffers of each of ``ranks`` (format 2), checksums verified."""
+    out = []
+    for rank in ranks:
+        sums = meta["files"][sharded.rank_file(rank)]["datasets"]
+        out.append(dict(_reading(path, lambda r=rank, s=sums: sharded.read_value(path, r, "model/buffers", s))))
+    return out
 
 
 # --- resuming ---------------------------------------------------------------------------------------

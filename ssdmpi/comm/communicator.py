@@ -17,8 +17,8 @@ Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` tou
     ``ssdmpi/comm/progress/``): ``allreduce_start(buf, average) -> handle``, ``handle.wait()``,
     ``allreduce``, ``allreduce_mean``, ``broadcast``, ``progress()``;
   - ``.control`` (``ssdmpi/comm/control.py``): ``barrier``, ``broadcast_object``,
-    ``check_agreement``, ``agree_error``, ``agree``, ``any_true``, ``allreduce_scalars``,
-    ``gather_trees``, ``scatter_trees``;
+    ``check_agreement``, ``agree_error``, ``agree``, ``any_true``, ``allreduce_scalars`` (and
+    ``allreduce_scalars_start``, nonblocking), ``gather_trees``, ``scatter_trees``;
   - ``.p2p`` (``ssdmpi/comm/p2p.py``, the ``asgd`` parameter server's): ``send_start``,
     ``recv_start``, ``wait_all``.
 
@@ -151,6 +151,10 @@ class Communicator:
     def allreduce_scalars(self, values: dict, op: str = "sum") -> dict:
         """``{name: op over ranks of values[name]}`` in float64 (``op``: sum, max or min)."""
         return self.control.allreduce_scalars(values, op)
+
+    def allreduce_scalars_start(self, values: dict, op: str = "sum"):
+        """``allreduce_scalars`` without waiting -> a handle whose ``wait()`` returns the dict."""
+        return self.control.allreduce_scalars_start(values, op)
 
     def gather_trees(self, tree, root: int = 0):
         """Every rank's state ``tree`` on ``root``, one at a time (an iterator there; None elsewhere)."""

@@ -3,7 +3,8 @@ with a gradient request in flight.
 
 Every call is collective (every rank makes it, in the same order) and blocking:
 ``barrier()``, ``broadcast_object(obj, root)``, ``check_agreement(signature)``,
-``agree_error(exc)``, ``agree(fn)``, ``any_true(flag)``, ``allreduce_scalars(values, op)``, and
+``agree_error(exc)``, ``agree(fn)``, ``any_true(flag)``, ``allreduce_scalars(values, op)`` (also
+started without blocking: ``allreduce_scalars_start``, whose handle's ``wait()`` returns the dict), and
 the state-tree transport of checkpoints: ``gather_trees(tree, root)`` / ``scatter_trees(tree_of,
 root)`` (one rank's tree at a time on the root; ``ssdmpi/comm/trees.py``). Each is numbered and
 watched by the stall watchdog in the same sequence as the gradient operations.
@@ -23,6 +24,20 @@ from ssdmpi.comm.trees import recv_tree, send_tree
 from ssdmpi.errors import UserError
 
 TREE_TAG = 7301   # point-to-point tag of state trees on the control communicator
+
+
+class ScalarsHandle:
+    """A nonblocking ``allreduce_scalars`` (``ControlChannel.allreduce_scalars_start``)."""
+
+    def __init__(self, wait, keys, data):
+        self._wait, self._keys, self._data, self._result = wait, keys, data, None
+
+    def wait(self) -> dict:
+        """Block until the reduction completed; ``{name: value}`` as ``allreduce_scalars`` returns."""
+        if self._result is None:
+            self._wait()
+            self._result = {k: float(v) for k, v in zip(self._keys, self._data)}
+        return self._result
 
 
 class ControlChannel:
@@ -90,6 +105,21 @@ class ControlChannel:
         data = np.array([float(values[k]) for k in keys], dtype=np.float64)
         self._control("Allreduce #{seq} (scalars)", self._ctl.Allreduce, self._MPI.IN_PLACE, data, op=ops[op])
         return {k: float(v) for k, v in zip(keys, data)}
+
+    def allreduce_scalars_start(self, values: dict, op: str = "sum") -> ScalarsHandle:
+        """Nonblocking ``allreduce_scalars``: its handle's ``wait()`` returns the dict (watched by
+        the stall watchdog). Collective in the same order as the blocking calls; MPI moves it
+        inside any MPI call of this process, so a rank busy with its own traffic completes it
+        without waiting for the others until ``wait()``."""
+        ops = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}
+        if op not in ops:
+            raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+        keys = sorted(values)
+        data = np.array([float(values[k]) for k in keys], dtype=np.float64)
+        seq = self.ops.next_seq()
+        request = self._ctl.Iallreduce(self._MPI.IN_PLACE, data, op=ops[op])
+        return ScalarsHandle(lambda: self.ops.watched(f"control Iallreduce #{seq} (scalars)", seq, request.Wait),
+                             keys, data)
 
     def gather_trees(self, tree, root: int = 0):
         """Every rank's state ``tree`` (nested dicts/lists of arrays and plain values; see

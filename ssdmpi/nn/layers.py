@@ -50,6 +50,10 @@ class Layer:
     name = "layer"
     input_grad = True
     _workspace = None
+    # Set by ``Model.backward`` while ``Model.grads_ready`` is armed: a layer whose backward writes its
+    # parameter gradients before its input gradient (Linear) calls it in between, so their allreduce
+    # can start while the input gradient is computed.
+    params_done = None
 
     def declare(self):
         return []
@@ -137,6 +141,8 @@ class Linear(Layer):
         xp.matmul(dy.T, self.x, out=self.g["weight"])
         if self.has_bias:
             dy.sum(axis=0, out=self.g["bias"])
+        if self.params_done is not None:
+            self.params_done()
         dx = dy @ self.p["weight"] if self.input_grad else None
         self.x = None
         return dx

@@ -6,7 +6,10 @@ of the layer tree (each layer's own tensors, then its children's). Tensor names
 are dotted paths, e.g. ``layer2.0.conv1.weight``.
 
 ``loss_and_grad`` runs forward and backward and leaves the MEAN gradient over the
-batch in ``grads`` (overwritten, never accumulated).
+batch in ``grads`` (overwritten, never accumulated). Backward produces ``grads`` from its
+end: a top-level layer's tensors are one contiguous slice (``layer_offsets``), and once
+its backward has written them, ``grads[offset:]`` is final -- the ``grads_ready`` hook is
+told so, which lets a caller post each part's allreduce while backward goes on.
 
 State that is not a parameter -- BatchNorm running statistics and each Dropout
 layer's RNG state -- is exported by ``buffers()`` and restored by
@@ -16,6 +19,7 @@ needs for a bit-for-bit resume.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -77,11 +81,21 @@ class Model:
                                       if any(lay.declare() for _, lay in walk([layer]))), len(self.layers))
         for i, layer in enumerate(self.layers):
             layer.input_grad = i > self._first_trainable
+        # Flat offset of each top-level layer's first tensor (a layer without tensors: the next
+        # one's); grads[layer_offsets[i]:] is final once layer i's backward has run.
+        self.layer_offsets, end = [0] * len(self.layers), self.flat.size
+        for i in reversed(range(len(self.layers))):
+            own = [self.flat.spec(f"{full}.{local}").offset for full, lay in walk([self.layers[i]])
+                   for local, *_ in lay.declare()]
+            end = self.layer_offsets[i] = min(own, default=end)
         self._inits = inits
         # Called (no arguments) after each top-level layer of a training forward and backward:
         # the algorithms hook the Communicator's progress() in here, so a nonblocking allreduce
         # keeps moving during the compute instead of only when the caller waits for it.
         self.between_layers = None
+        # Called with ``offset`` after each top-level layer of a backward: ``grads[offset:]`` is
+        # final (a bucketed allreduce posts the parts that are; ssdmpi/algos/overlap.py).
+        self.grads_ready = None
         self.initialize(seed)
 
     def __repr__(self) -> str:
@@ -174,11 +188,23 @@ class Model:
         return x
 
     def backward(self, dlogits) -> None:
-        """Back-propagate ``dlogits`` (consumed: may be overwritten); overwrites ``grads``."""
+        """Back-propagate ``dlogits`` (consumed: may be overwritten); overwrites ``grads``, last
+        layer first, telling ``grads_ready(layer_offsets[i])`` after each top-level layer ``i`` --
+        and, for a layer that writes its parameter gradients before its input gradient (Linear),
+        already in between (``Layer.params_done``)."""
         dy = dlogits
-        hook = self.between_layers
-        for layer in reversed(self.layers[self._first_trainable:]):
-            dy = layer.backward(dy)
+        hook, ready = self.between_layers, self.grads_ready
+        for i in reversed(range(self._first_trainable, len(self.layers))):
+            layer = self.layers[i]
+            if ready is not None:
+                layer.params_done = functools.partial(ready, self.layer_offsets[i])
+                try:
+                    dy = layer.backward(dy)
+                finally:
+                    layer.params_done = None
+                ready(self.layer_offsets[i])
+            else:
+                dy = layer.backward(dy)
             if hook is not None:
                 hook()
 

@@ -20,7 +20,7 @@ class Recording:
     """Forwards to a Communicator; ``log`` gets ``(kind, iteration, request id, buffer)``."""
 
     def __init__(self, comm):
-        self.inner, self.size, self.rank = comm, comm.size, comm.rank
+        self.inner, self.size, self.rank, self.bucket_bytes = comm, comm.size, comm.rank, comm.bucket_bytes
         self.log, self.t, self._next = [], 0, 0
         self.averages = []     # the ``average`` flag of every call, in order
 
@@ -86,6 +86,40 @@ def test_comm_step_posts_every_iteration_and_waits_one_iteration_later(recorded)
     assert all(b is not model.grads and b is not model.params for b in buffers)
     algo.drain()
     assert by_kind(recorded.log, "wait")[-1][2] == starts[-1][2]                          # drain completes it
+
+
+@pytest.mark.parametrize("settings", [dict(algo="ssgd"), dict(algo="ssd", comm="step", delay=2, warmup_steps=1)])
+def test_each_bucket_is_posted_as_soon_as_backward_has_finished_its_layers(settings):
+    """Buckets of one layer each (``--bucket-size`` 8 bytes): the last layer's gradient is posted
+    before the first layer's backward runs, every bucket before the wait, the waits before the update."""
+    inner = Communicator(MPI.COMM_WORLD, bucket_bytes=8)
+    try:
+        comm = Recording(inner)
+        model = build_model("mlp", (6,), 3, widths=(5,), dtype=np.float64, seed=0)
+        for layer in model.layers:
+            layer.backward = logged(layer.backward, comm.log, layer.name)
+        algo = build_algorithm(AlgoConfig(lr=0.05, **settings), model, comm)
+        rng = np.random.default_rng(0)
+        loader = ArrayBatches(rng.normal(size=(40, 6)), rng.integers(0, 3, 40), 2, comm.rank, comm.size)
+        for t in range(3):
+            comm.t = t
+            del comm.log[:]
+            algo.step(*loader.next_batch())
+            events = [(e[0], e[2]) if e[0] == "backward" else (e[0], e[3].size) for e in comm.log]
+            fc2, fc1 = 5 * 3 + 3, 6 * 5 + 5                     # the buckets' lengths, last layer first
+            assert events[:5] == [("backward", "fc2"), ("start", fc2), ("backward", "relu1"), ("backward", "fc1"),
+                                  ("start", fc1)], events
+            if algo.stage == "warmup":
+                assert events[5:] == [("wait", fc2), ("wait", fc1)], events
+    finally:
+        inner.free()
+
+
+def logged(backward, log, name):
+    def wrapper(dy):
+        log.append(("backward", None, name, None))
+        return backward(dy)
+    return wrapper
 
 
 @pytest.mark.parametrize("rule", ["delta-own", "replay"])

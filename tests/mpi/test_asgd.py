@@ -9,6 +9,7 @@ a server stops every rank at the next sync point. At 1 rank only the error is te
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -45,14 +46,15 @@ def staleness_totals(algo) -> tuple:
 
 
 @needs_two
+@pytest.mark.parametrize("rate", ["plain", "staleness"])
 @pytest.mark.parametrize("servers", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_round_robin_matches_the_reference_bitwise(communicator, servers, dtype):
+def test_round_robin_matches_the_reference_bitwise(communicator, servers, dtype, rate):
     if servers >= SIZE:
         pytest.skip(f"{servers} servers need more than {SIZE} ranks")
     K = SIZE - servers
     cfg = AlgoConfig(algo="asgd", servers=servers, asgd_order="round-robin", warmup_steps=3, lr=0.05,
-                     lr_schedule={"kind": "step", "every": 7, "gamma": 0.5})
+                     lr_schedule={"kind": "step", "every": 7, "gamma": 0.5}, asgd_rate=rate)
     x, y = dataset(dtype=dtype)
     factory = tiny_mlp(dtype)
     model = factory()
@@ -141,23 +143,34 @@ def test_free_running_trains_logs_staleness_and_resumes():
 
 @needs_two
 @pytest.mark.timeout(300)
-def test_signal_on_a_server_checkpoints_everywhere_and_resume_matches(monkeypatch):
+@pytest.mark.parametrize("where", ["server", "worker"])
+def test_signal_on_one_rank_checkpoints_everywhere_and_resume_matches(monkeypatch, where):
+    """SIGUSR1 on the last server (or on worker 0) during step 22: the sync point at step 24 starts
+    the reduction that carries it (asgd's sync points do not align the ranks, loop.LaggedSums), the
+    one at step 28 completes it, and every rank checkpoints there and exits 85; resuming ends
+    bitwise where the uninterrupted run ends."""
     tmp = shared_tmpdir()
     straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
     args = ARGS + ["--steps", "40", "--log-every", "4", "--asgd-order", "round-robin"]
     assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", straight] + args)) == [0] * SIZE
-    original = ASGD._serve_async
+    name, rank = ("_serve_async", SIZE - 1) if where == "server" else ("_push_pull", 0)
+    original = getattr(ASGD, name)
 
-    def serve(self):
+    def step_with_signal(self, *batch):
         if self.t == 21:
             os.kill(os.getpid(), signal.SIGUSR1)
-        return original(self)
+        return original(self, *batch)
 
-    if RANK == SIZE - 1:
-        monkeypatch.setattr(ASGD, "_serve_async", serve)
+    if RANK == rank:
+        monkeypatch.setattr(ASGD, name, step_with_signal)
     assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", split] + args)) == [REQUEUE_EXIT] * SIZE
-    monkeypatch.setattr(ASGD, "_serve_async", original)
-    assert newest_checkpoint(split) == "ckpt-00000024"     # the next sync point after step 22
+    monkeypatch.setattr(ASGD, name, original)
+    assert newest_checkpoint(split) == "ckpt-00000028"
+    logged = None
+    if RANK == 0:
+        (stop,) = records(split, "stop")
+        logged = stop["step"], stop["reason"], [r["step"] for r in records(split, "step")]
+    assert MPI.COMM_WORLD.bcast(logged, root=0) == (28, "SIGUSR1/SIGTERM", [4, 8, 12, 16, 20, 24, 28])
     assert MPI.COMM_WORLD.allgather(main(["train", "--run-dir", split, "--resume", "auto"] + args)) == [0] * SIZE
     from tests.mpi.test_resume import differences
 
@@ -166,6 +179,42 @@ def test_signal_on_a_server_checkpoints_everywhere_and_resume_matches(monkeypatc
         diff = differences(os.path.join(straight, "checkpoints", newest_checkpoint(straight)),
                            os.path.join(split, "checkpoints", newest_checkpoint(split)))
     assert MPI.COMM_WORLD.bcast(diff, root=0) == []
+
+
+@needs_two
+@pytest.mark.timeout(300)
+def test_a_diverging_run_stops_every_rank_with_exit_3():
+    run = os.path.join(shared_tmpdir(), "run")
+    args = ARGS + ["--steps", "60", "--log-every", "3", "--lr", "1e30", "--run-dir", run]
+    assert MPI.COMM_WORLD.allgather(main(["train"] + args)) == [3] * SIZE
+    if RANK == 0:
+        (stop,) = records(run, "stop")
+        assert stop["exit_code"] == 3 and "diverged" in stop["reason"] and stop["step"] < 60
+
+
+@pytest.mark.skipif(SIZE < 3, reason="needs two workers (and a server): at least 3 ranks")
+@pytest.mark.timeout(300)
+def test_a_sync_point_does_not_hold_a_worker_for_a_slower_one(monkeypatch):
+    """Worker 1 sleeps 3 s in its step 3; worker 0 goes on through the sync point at step 5 (its
+    pushes are served meanwhile, in arrival order) and only waits at step 10 for the reduction
+    started at step 5. A blocking reduction at step 5 would hold it there until worker 1 woke."""
+    original = ASGD._push_pull
+    seen = []
+
+    def timed(self, x, y):
+        if RANK == 1 and self.t == 3:
+            time.sleep(3.0)
+        loss = original(self, x, y)
+        seen.append((self.t + 1, time.monotonic()))
+        return loss
+
+    monkeypatch.setattr(ASGD, "_push_pull", timed)
+    run = os.path.join(shared_tmpdir(), "run")
+    args = ARGS + ["--steps", "30", "--warmup-steps", "0", "--log-every", "5", "--lr", "0.02", "--run-dir", run]
+    assert MPI.COMM_WORLD.allgather(main(["train"] + args)) == [0] * SIZE
+    times = MPI.COMM_WORLD.allgather(dict(seen))      # {steps done: when} per rank (clocks of one machine)
+    woke = times[1][4]                                 # worker 1 finished its step 4 after the sleep
+    assert times[0][8] < woke, (times[0], woke)        # worker 0 was past step 5's sync point by then
 
 
 @pytest.mark.parametrize("extra", [[], ["--servers", str(SIZE)], ["--servers", "0"]], ids=["default", "S=N", "S=0"])

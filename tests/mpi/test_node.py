@@ -15,4 +15,5 @@ def test_discover_finds_the_local_ranks(comm):
     assert me.node_cpus >= me.cpus
     n, why = node.choose_threads(me, None, {})
     assert n == max(1, min(me.cpus, me.node_cpus // comm.Get_size()))
-    assert why == f"{me.node_cpus} usable CPUs on {me.host} / {comm.Get_size()} local ranks"
+    ranks = "1 local rank" if comm.Get_size() == 1 else f"{comm.Get_size()} local ranks"
+    assert why == f"{me.node_cpus} usable CPUs on {me.host} / {ranks}"

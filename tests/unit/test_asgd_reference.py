@@ -54,6 +54,39 @@ def test_warmup_is_ssgd_over_the_workers_then_staleness_is_k_minus_1():
     assert np.array_equal(asgd.L[K - 1], asgd.W) and not np.array_equal(asgd.L[0], asgd.W)
 
 
+def test_staleness_rate_divides_each_push_by_one_plus_its_staleness():
+    """One warm-up step, then the first asynchronous round by hand: every worker computed on the
+    same W, so worker w's push is w updates stale and steps with lr / (1 + w)."""
+    x, y = data()
+    K, lr, mu, lam = 3, 0.05, 0.9, 1e-4
+    cfg = AlgoConfig(algo="asgd", warmup_steps=1, lr=lr, momentum=mu, weight_decay=lam, asgd_rate="staleness")
+    sim = ASGDSimulation(cfg, factory, [ShardedLoader(x, y, B, w, K, seed=2) for w in range(K)], world_size=K + 1)
+    sim.step()
+    W, M = sim.W.copy(), sim.M.copy()
+    sim.step()
+    assert sim.staleness[-K:] == [0, 1, 2]
+    replay = [ShardedLoader(x, y, B, w, K, seed=2) for w in range(K)]
+    for loader in replay:
+        loader.next_batch()                          # the warm-up's batches
+    model = factory()
+    mask = np.asarray(model.flat.decay_mask())
+    grads = []
+    for loader in replay:
+        model.params[...] = W                        # every worker pulled the warm-up's W
+        model.loss_and_grad(*loader.next_batch())
+        grads.append(np.array(model.grads, copy=True))
+    for w, g in enumerate(grads):
+        M = mu * M - (lr / (1 + w)) * (lam * (mask * W) + g)
+        W = W + M
+    assert np.allclose(sim.W, W, rtol=0, atol=1e-15) and np.allclose(sim.M, M, rtol=0, atol=1e-15)
+    plain = ASGDSimulation(AlgoConfig(algo="asgd", warmup_steps=1, lr=lr, momentum=mu, weight_decay=lam,
+                                      asgd_rate="plain"), factory,
+                           [ShardedLoader(x, y, B, w, K, seed=2) for w in range(K)], world_size=K + 1)
+    plain.step()
+    plain.step()
+    assert not np.allclose(plain.W, W)               # the plain rate is another trajectory
+
+
 def test_simulate_dispatches_asgd():
     x, y = data()
     sim = simulate(AlgoConfig(algo="asgd", warmup_steps=1), factory,
@@ -76,6 +109,7 @@ def test_shards_cover_the_buffer_and_pairwise_sum_order():
     (dict(servers=0), "--servers must be a positive integer"),
     (dict(asgd_order="random"), "asgd-order"),
     (dict(delay=5), "--delay does not apply to --algo asgd"),
+    (dict(asgd_rate="inverse"), "asgd-rate"),
 ])
 def test_bad_asgd_settings(settings, match):
     with pytest.raises(UserError, match=match):
@@ -85,5 +119,7 @@ def test_bad_asgd_settings(settings, match):
 def test_asgd_settings_on_another_algorithm_are_rejected():
     with pytest.raises(UserError, match="--servers applies only to --algo asgd"):
         AlgoConfig(algo="ssgd", servers=1).validate(world_size=2)
+    with pytest.raises(UserError, match="--asgd-rate applies only to --algo asgd"):
+        AlgoConfig(algo="ssd", asgd_rate="staleness").validate(world_size=2)
     resolved = AlgoConfig(algo="asgd").validate(world_size=2)
-    assert (resolved.servers, resolved.asgd_order) == (1, "arrival")
+    assert (resolved.servers, resolved.asgd_order, resolved.asgd_rate) == (1, "arrival", "staleness")

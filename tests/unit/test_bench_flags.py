@@ -18,6 +18,7 @@ CANONICAL = {
     "model": {"--batch-size", "--allreduce-repeats", "--repeats", "--plan-delay", "--json"},
     "accuracy": {"--batch-size", "--delays"},
     "checkpoint": {"--batch-size", "--repeats", "--json"},
+    "peers": {"--batch-size", "--repeats"},
     "report": {"--results", "--out", "--check"},
 }
 # (kind, old flags, new flags): each pair must parse to the same namespace.

@@ -125,6 +125,57 @@ def test_resume_refuses_structural_changes_but_allows_longer_runs():
         config.check_resume(old, cfg)
 
 
+@pytest.mark.parametrize("flags, needle", [
+    (("--warmup-steps", "30"), "trained with --warmup-steps 10 but this run asks for --warmup-steps 30"),
+    (("--warmup-steps", "5"), "trained with --warmup-steps 10 but this run asks for --warmup-steps 5"),
+    (("--warmup-epochs", "1"), "trained with --warmup-steps 10 but this run asks for --warmup-epochs 1.0"),
+])
+def test_resume_refuses_a_moved_warmup(flags, needle):
+    old = config.resolve(parse("--warmup-steps", "10")).to_dict()
+    config.check_resume(old, config.resolve(parse(), checkpoint_config=old))    # unchanged: fine
+    config.check_resume(old, config.resolve(parse("--warmup-steps", "10"), checkpoint_config=old))
+    with pytest.raises(UserError) as info:
+        config.check_resume(old, config.resolve(parse(*flags), checkpoint_config=old))
+    assert needle in str(info.value) and "cannot move the switch" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_resume_refuses_a_warmup_in_epochs_changed_or_given_in_steps():
+    old = config.resolve(parse("--warmup-epochs", "0.5")).to_dict()
+    config.check_resume(old, config.resolve(parse("--warmup-epochs", "0.5"), checkpoint_config=old))
+    for flags in (("--warmup-epochs", "2"), ("--warmup-steps", "10")):
+        with pytest.raises(UserError, match="trained with --warmup-epochs 0.5 but"):
+            config.check_resume(old, config.resolve(parse(*flags), checkpoint_config=old))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "poly", "poly:3"])
+def test_resume_refuses_another_length_under_a_length_dependent_schedule(schedule):
+    old = config.resolve(parse("--lr-schedule", schedule, "--epochs", "20")).to_dict()
+    config.check_resume(old, config.resolve(parse("--epochs", "20"), checkpoint_config=old))
+    for flags, now in ((("--epochs", "40"), "--epochs 40"), (("--epochs", "10"), "--epochs 10"),
+                       (("--steps", "5000"), "--steps 5000")):
+        with pytest.raises(UserError) as info:
+            config.check_resume(old, config.resolve(parse(*flags), checkpoint_config=old))
+        text = str(info.value)
+        assert f"--lr-schedule {schedule} spreads its decay over the whole run" in text and "\n" not in text
+        assert f"trained for --epochs 20, and resuming it for {now}" in text and "keep --epochs 20" in text
+
+
+def test_resume_allows_another_length_under_a_schedule_that_does_not_depend_on_it():
+    for schedule in ("constant", "step:5", "multistep:5,8"):
+        old = config.resolve(parse("--lr-schedule", schedule, "--epochs", "20")).to_dict()
+        config.check_resume(old, config.resolve(parse("--epochs", "40"), checkpoint_config=old))
+    # a schedule the user changes on resume is a change of their own (reported as such), not refused
+    old = config.resolve(parse("--epochs", "20")).to_dict()
+    config.check_resume(old, config.resolve(parse("--epochs", "40", "--lr-schedule", "cosine"), checkpoint_config=old))
+
+
+def test_resume_refuses_another_length_under_a_length_dependent_local_schedule():
+    args = ("--local-update", "glu-paper", "--comm", "step", "--local-lr-schedule", "cosine", "--steps", "300")
+    old = config.resolve(parse(*args)).to_dict()
+    with pytest.raises(UserError, match="--local-lr-schedule cosine spreads its decay"):
+        config.check_resume(old, config.resolve(parse("--steps", "600"), checkpoint_config=old))
+
+
 def test_resume_takes_settings_from_the_checkpoint_not_the_default_preset():
     old = config.resolve(parse("--lr", "0.01", "--stop-at-step", "5", "--run-dir", "/a")).to_dict()
     cfg = config.resolve(parse(), checkpoint_config=old)

@@ -132,6 +132,30 @@ def test_checkpoint_of_another_model_or_an_unsplittable_global_batch_is_refused(
                                    "64"], ranks=2), "trained with widths=[32]")
 
 
+def test_resume_refuses_a_moved_warmup_and_creates_nothing(two_rank_run, tmp_path):
+    """Resumed at step 20 (delay stage since step 10) with the switch moved to step 30 the
+    run would count local steps from m = -10; resumed at step 10 with it moved to 5, stay SSGD."""
+    for name, flags, old, now in (("a", ["--warmup-steps", "30"], "--warmup-steps 10", "--warmup-steps 30"),
+                                  ("b", ["--warmup-steps", "5"], "--warmup-steps 10", "--warmup-steps 5"),
+                                  ("c", ["--warmup-epochs", "1"], "--warmup-steps 10", "--warmup-epochs 1.0")):
+        ckpt = str(two_rank_run / "checkpoints" / f"ckpt-000000{'10' if name == 'b' else '20'}")
+        run_dir = tmp_path / name
+        assert_one_line_error(run_cli(["train", "--resume", ckpt, "--run-dir", str(run_dir)] + flags, ranks=2),
+                              f"trained with {old} but this run asks for {now}: a resumed run cannot move the switch")
+        assert not run_dir.exists()
+
+
+def test_train_longer_under_a_cosine_schedule_is_refused(tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "--run-dir", str(run)] + SMALL + ["--lr-schedule", "cosine"]
+    assert run_cli(args + ["--steps", "20"]).returncode == 0
+    before = sorted(os.listdir(run / "checkpoints"))
+    assert_one_line_error(run_cli(args + ["--resume", "auto", "--steps", "40"]),
+                          "--lr-schedule cosine spreads its decay over the whole run: the checkpoint was trained for "
+                          "--steps 20, and resuming it for --steps 40")
+    assert sorted(os.listdir(run / "checkpoints")) == before
+
+
 def flip_byte_in(path: Path, dataset: str, at: int = 11):
     """Flip one bit of ``dataset``'s data in the HDF5 file ``path``."""
     with h5py.File(path, "r") as f:

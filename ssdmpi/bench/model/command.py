@@ -46,7 +46,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--patterns", default="ssgd,step,period:2,period:5,period:10,localsgd:5",
                         metavar="P1,P2", help="step loops to measure: ssgd, step, period:K, localsgd:K, "
                                               "asgd:S (the last S ranks are parameter servers)")
-    parser.add_argument("--steps", type=int, default=6, help="measured steps per loop (at least 2 periods; default %(default)s)")
+    parser.add_argument("--steps", type=int, default=6,
+                        help="measured steps per loop (at least 2 periods; default %(default)s)")
     reps = parser.add_argument("--allreduce-repeats", type=int, default=3,
                                help="repetitions per allreduce size, median (default %(default)s)")
     deprecated_alias(parser, "--reps", reps)

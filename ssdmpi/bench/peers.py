@@ -1,0 +1,369 @@
+"""``ssdmpi bench peers``: ssdmpi next to what users would pick instead, PyTorch DDP and PyTorch's
+post-local SGD, in one run.
+
+Every variant is a whole training run launched, interleaved and parsed by ``bench train``'s
+machinery (``ssdmpi/bench/train.py``: the same flags, network, ``--nodes``, ``--repeats``,
+``--reuse``, output layout), so all of them train the same model from the same initial
+weights on the same samples in the same order, with the same global batch, learning-rate
+schedule, momentum, weight decay (weights only) and seed. The PyTorch peers are
+``ssdmpi/bench/torch_peer.py`` (one rank program that takes ``ssdmpi train``'s flags), run
+where an ``ssdmpi train`` run would be. ``--variants`` (default ``DEFAULT_VARIANTS``):
+
+==================== =======================================================================
+``ddp``              PyTorch DDP over gloo, DDP's default bucket (25 MiB)
+``ddp:MB``           the same with ``bucket_cap_mb`` MB (a tuned bucket)
+``postlocal:K``      PyTorch post-local SGD: DDP for the warm-up, then a
+                     ``PeriodicModelAverager`` every K steps (aligned with ssdmpi's localsgd)
+``ssgd``             ssdmpi's SSGD: its allreduce overlapped with the backward pass in buckets
+                     of DDP's default size (``ssdmpi/algos/overlap.py``)
+``ssgd:no-overlap``  the same with one bucket (``--bucket-size 1G``): one blocking allreduce
+                     after the backward pass
+``ssd``              ssdmpi's SSD-SGD with its default schedule and k
+``localsgd:K``, ...  any ``bench train`` variant (``ssd:period:K``, ``ssd:step:K``, ``odsgd``)
+``V@PROGRESS``       an ssdmpi variant with ``--progress PROGRESS`` (``test|poll|thread|blocking``)
+==================== =======================================================================
+
+Results in ``OUT`` (``--out``, default ``runs/bench-peers-<timestamp>``), as ``bench train``
+writes them: ``results.md`` (three tables: each variant against DDP -- samples/s, final test
+accuracy, time to ssgd's final accuracy minus ``--target-drop`` points and each one's ratio to
+DDP's; ``bench train``'s step breakdown; the backward-overlap bound of the ssgd variants),
+``results.csv`` (one row per variant, every column), ``result.json`` (the result file of
+``ssdmpi/bench/result.py``: the command line, the machine, the settings, the compute probe,
+the rows; what ``ssdmpi bench report`` renders from), ``figures/``, ``logs/``, ``runs/``.
+
+The compute probe: after the runs, this process times one forward pass, one backward pass and
+one update of the model at the per-rank batch, ssdmpi's engine and the PyTorch twin
+interleaved (``--probe-repeats``, medians), with the threads each rank gets. It says how much of a gap is
+engine speed, and splits ssgd's measured forward+backward into ``c_fwd`` and ``c_bwd`` for
+the overlap bound ``max(c_bwd, T) + c_fwd + update`` (``T``: ssgd:no-overlap's allreduce).
+
+PyTorch is a benchmark peer only: without it, a variant list with PyTorch peers is refused
+in one line saying what to install (exit 2, nothing created).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ssdmpi.algos import registry
+from ssdmpi.bench.result import command_line
+from ssdmpi.bench.stats import median
+from ssdmpi.bench.train import (
+    BREAKDOWN_COLUMNS,
+    Variant,
+    add_run_arguments,
+    breakdown_table,
+    check_run_arguments,
+    check_variants,
+    csv_table,
+    markdown_table,
+    parse_variant,
+    result_json,
+    run_variants,
+    settings_line,
+    summarise,
+    write_figures,
+)
+from ssdmpi.errors import UserError
+from ssdmpi.metrics import atomic_write
+
+DEFAULT_VARIANTS = "ddp,ddp:1,postlocal:5,ssgd,ssgd:no-overlap,ssd,localsgd:5"
+PEER = "ssdmpi.bench.torch_peer"
+DEFAULT_ALGO = registry.SETTINGS["algo"].default   # ``ssd`` in --variants: ssdmpi train's default
+PROGRESS = ("test", "poll", "thread", "blocking")
+NO_OVERLAP_BUCKET = "1G"     # larger than any model here: one bucket, the blocking allreduce
+WARMUP_ROUNDS = 2            # untimed passes of each engine before the compute probe's timed ones
+
+# The first table: each variant against DDP (the first ddp variant) and ssgd.
+PEER_COLUMNS = (
+    ("name", "variant"),
+    ("samples_per_s", "samples/s"),
+    ("x_ddp", "samples/s / DDP's"),
+    ("final_acc", "final test acc %"),
+    ("acc_vs_ddp", "acc - DDP (points)"),
+    ("acc_delta", "acc - ssgd (points)"),
+    ("tta_s", "time to target s"),
+    ("tta_x_ddp", "time to target / DDP's"),
+    ("wall_s", "train s"),
+    ("mb_per_step", "MB sent/step"),
+    ("status", "status"),
+)
+# The third: ssgd's step against the bound of a perfect backward overlap.
+OVERLAP_COLUMNS = (
+    ("name", "variant"),
+    ("step_ms", "step ms"),
+    ("fwd_ms", "c_fwd ms"),
+    ("bwd_ms", "c_bwd ms"),
+    ("update_ms", "update ms"),
+    ("T_ms", "T ms (no-overlap allreduce)"),
+    ("overlap_bound_ms", "bound ms"),
+    ("of_overlap_bound", "bound / step"),
+)
+TABLES = (PEER_COLUMNS, BREAKDOWN_COLUMNS, OVERLAP_COLUMNS)   # every row's keys in results.csv and result.json
+
+
+def parse_peer_variant(spec: str) -> Variant:
+    """One ``--variants`` item (module docstring) -> its ``Variant``; ``UserError`` otherwise."""
+    spec = spec.strip()
+    base, _, progress = spec.partition("@")
+    parts = base.split(":")
+    try:
+        if parts[0] in ("ddp", "postlocal"):
+            if progress:
+                raise ValueError(progress)
+            return _torch_variant(parts)
+        if base == DEFAULT_ALGO:     # its default settings spelt out (the tables' bounds need them)
+            spec = registry.algorithm(base)
+            v = Variant(base, base, {k: registry.SETTINGS[k].default for k in spec.bench})
+        elif base == "ssgd:no-overlap":
+            v = Variant("ssgd-no-overlap", "ssgd", extra=("--bucket-size", NO_OVERLAP_BUCKET))
+        else:
+            v = parse_variant(base)
+    except (ValueError, UserError):
+        raise UserError(f"--variants: {spec!r} is not understood; use ddp, ddp:MB, postlocal:K, ssgd, "
+                        "ssgd:no-overlap, ssd, or a bench train variant (ssd:period:K, localsgd:K, ...), an "
+                        f"ssdmpi one optionally with @PROGRESS ({'|'.join(PROGRESS)})") from None
+    if progress:
+        if progress not in PROGRESS:
+            raise UserError(f"--variants: {spec!r}: the progress strategy after @ must be one of "
+                            f"{', '.join(PROGRESS)}")
+        v.name, v.extra = f"{v.name}-{progress}", v.extra + ("--progress", progress)
+    return v
+
+
+def _torch_variant(parts: list) -> Variant:
+    """``ddp`` | ``ddp:MB`` | ``postlocal:K`` (``ValueError`` on anything else)."""
+    if parts[0] == "ddp" and len(parts) == 1:
+        return Variant("ddp", "ssgd", program=(PEER, "--peer", "ddp"))
+    if parts[0] == "ddp" and len(parts) == 2 and int(parts[1]) >= 1:
+        mb = int(parts[1])
+        return Variant(f"ddp-b{mb}", "ssgd", extra=("--bucket-size", f"{mb}M"), program=(PEER, "--peer", "ddp"))
+    if parts[0] == "postlocal" and len(parts) == 2 and int(parts[1]) >= 1:
+        return Variant(f"postlocal-k{int(parts[1])}", "localsgd", {"delay": int(parts[1])},
+                       program=(PEER, "--peer", "postlocal"))
+    raise ValueError(parts)
+
+
+def check_torch(variants) -> None:
+    """``UserError`` (one line: what to install) when PyTorch peers are asked for and PyTorch is missing."""
+    from ssdmpi.verify.torch_ref import torch_available
+
+    peers = [v.name for v in variants if not v.by_ssdmpi]
+    ok, why = torch_available()
+    if peers and not ok:
+        raise UserError(f"the PyTorch peers ({', '.join(peers)}) need PyTorch: {why}; pip install torch "
+                        "(a benchmark peer only), or leave them out of --variants")
+
+
+# ----------------------------------------------------------------------------- against DDP
+
+def compare_to_ddp(rows, variants) -> None:
+    """Add each row's ratios to DDP's (the first ddp variant): ``x_ddp`` (samples/s), ``acc_vs_ddp``
+    (points), ``tta_x_ddp`` (time to target)."""
+    peer_of = {v.name: v for v in variants}
+    ddp = next((r for r in rows if r["name"] in peer_of and peer_of[r["name"]].program[-1] == "ddp"
+                and r.get("samples_per_s")), None)
+    if ddp is None:
+        return
+    for row in rows:
+        if row.get("samples_per_s") is not None:
+            row["x_ddp"] = row["samples_per_s"] / ddp["samples_per_s"]
+        if row.get("final_acc") is not None and ddp.get("final_acc") is not None:
+            row["acc_vs_ddp"] = row["final_acc"] - ddp["final_acc"]
+        if row.get("tta_s") is not None and ddp.get("tta_s"):
+            row["tta_x_ddp"] = row["tta_s"] / ddp["tta_s"]
+
+
+def add_overlap_bounds(rows, variants, probe) -> list:
+    """The ssgd rows' bound with a perfect backward overlap, ``max(c_bwd, T) + c_fwd + update`` per
+    step: ``T`` is ssgd:no-overlap's allreduce time in flight (one blocking allreduce per step);
+    ``c_fwd``/``c_bwd`` split the row's own forward+backward time as the probe's engine does
+    (``fwd_share``). The rows that have it (empty without a no-overlap row or a probe)."""
+    by_name = {v.name: v for v in variants}
+    blocking = next((r for r in rows if r["name"].startswith("ssgd-no-overlap") and r.get("inflight_ms")), None)
+    share = (probe or {}).get("engine_fwd_share")
+    if blocking is None or share is None:
+        return []
+    out = []
+    for row in rows:
+        v = by_name.get(row["name"])
+        if v is None or not v.by_ssdmpi or not v.spec.baseline or row.get("fb_ms") is None:
+            continue
+        fwd, bwd, update, T = share * row["fb_ms"], (1 - share) * row["fb_ms"], row.get("update_ms") or 0.0, \
+            blocking["inflight_ms"]
+        row.update(fwd_ms=fwd, bwd_ms=bwd, T_ms=T, overlap_bound_ms=max(bwd, T) + fwd + update)
+        if row.get("step_ms"):
+            row["of_overlap_bound"] = row["overlap_bound_ms"] / row["step_ms"]
+        out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------- the compute probe
+
+def rank_threads(args) -> int:
+    """The BLAS threads each rank of the runs gets (``ssdmpi/comm/node.py``'s rule): the thread
+    variables when set; 1 on the namespaced cluster (``launch.single_threaded_env``); else the
+    usable CPUs divided among the ranks."""
+    from ssdmpi.comm.node import usable_cpus
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name])
+    if args.nodes:
+        return 1
+    return max(1, len(usable_cpus()) // args.ranks)
+
+
+def compute_probe(args, repeats: int) -> dict | None:
+    """Median seconds of one forward, one backward pass (train mode, the per-rank batch) and one
+    update (momentum SGD with weight decay on the weights) of ssdmpi's engine and of its PyTorch
+    twin (when PyTorch imports; the peers' ``SpecSGD``), interleaved, single process, no MPI, with
+    ``rank_threads`` threads. None with ``repeats`` 0."""
+    if repeats < 1:
+        return None
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from ssdmpi.bench.train import subset_path
+    from ssdmpi.data import load_dataset
+    from ssdmpi.nn import build_model
+    from ssdmpi.nn.loss import softmax_cross_entropy
+    from ssdmpi.optim.sgd import MomentumSGD
+    from ssdmpi.verify.torch_ref import torch_available
+
+    data = load_dataset("hdf5", str(subset_path(args))) if args.train_subset else load_dataset(args.dataset)
+    model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+    threads = rank_threads(args)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.batch_size,) + tuple(data.input_shape)).astype(np.float32)
+    y = rng.integers(0, data.num_classes, args.batch_size)
+    clock = time.perf_counter
+    timings = {f"{who}_{what}": [] for who in ("engine", "torch") for what in ("fwd", "bwd", "update")}
+    sgd, velocity = MomentumSGD(0.9, 1e-4, model.flat.decay_mask()), np.zeros_like(model.params)
+
+    def engine():
+        t0 = clock()
+        logits = model.forward(x, train=True)
+        _, dlogits = softmax_cross_entropy(logits, y)
+        t1 = clock()
+        model.backward(dlogits)
+        t2 = clock()
+        sgd.step(model.params, velocity, model.grads, args.lr)
+        return t1 - t0, t2 - t1, clock() - t2
+
+    steps = [("engine", engine)]
+    has_torch = torch_available()[0]
+    if has_torch:
+        import torch
+
+        old_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        steps.append(("torch", _torch_step(model, x, y, args.lr)))
+    try:
+        with threadpool_limits(threads):
+            for i in range(repeats + WARMUP_ROUNDS):     # alternating order; the first rounds untimed
+                for name, step in (steps if i % 2 else steps[::-1]):
+                    times = step()
+                    if i >= WARMUP_ROUNDS:
+                        for what, seconds in zip(("fwd", "bwd", "update"), times):
+                            timings[f"{name}_{what}"].append(seconds)
+    finally:
+        if has_torch:
+            torch.set_num_threads(old_threads)
+    out = {"threads": threads, "batch_size": args.batch_size, "repeats": repeats}
+    out.update({f"{k}_ms": 1e3 * median(v) for k, v in timings.items() if v})
+    out["engine_fwd_share"] = out["engine_fwd_ms"] / (out["engine_fwd_ms"] + out["engine_bwd_ms"])
+    if has_torch:
+        out["engine_over_torch"] = (out["engine_fwd_ms"] + out["engine_bwd_ms"]) / \
+            (out["torch_fwd_ms"] + out["torch_bwd_ms"])
+        out["update_engine_over_torch"] = out["engine_update_ms"] / out["torch_update_ms"]
+    return out
+
+
+def _torch_step(model, x, y, lr: float):
+    """The compute probe's PyTorch step on the twin of ``model``: ``() -> (fwd_s, bwd_s, update_s)``."""
+    import torch
+    import torch.nn.functional as F
+
+    from ssdmpi.bench.torch_peer import spec_sgd
+    from ssdmpi.verify.torch_ref import build_torch_model
+
+    twin, tx, ty = build_torch_model(model), torch.from_numpy(x), torch.from_numpy(y)
+    opt = spec_sgd(twin, model, 0.9, 1e-4)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    clock = time.perf_counter
+
+    def step():
+        t0 = clock()
+        loss = F.cross_entropy(twin(tx), ty)
+        t1 = clock()
+        loss.backward()
+        t2 = clock()
+        opt.step()
+        twin.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, clock() - t2
+    return step
+
+
+def probe_line(probe) -> str:
+    if not probe:
+        return ""
+    line = (f"Compute probe (one process, {probe['threads']} thread(s), batch {probe['batch_size']}, median of "
+            f"{probe['repeats']}): engine forward {probe['engine_fwd_ms']:.3g} ms + backward "
+            f"{probe['engine_bwd_ms']:.3g} ms, update {probe['engine_update_ms']:.3g} ms")
+    if "torch_fwd_ms" in probe:
+        line += (f"; PyTorch forward {probe['torch_fwd_ms']:.3g} ms + backward {probe['torch_bwd_ms']:.3g} ms "
+                 f"(engine / PyTorch: {probe['engine_over_torch']:.2f}x), update {probe['torch_update_ms']:.3g} ms "
+                 f"(engine / PyTorch: {probe['update_engine_over_torch']:.2f}x)")
+    return line + "."
+
+
+# ----------------------------------------------------------------------------- command
+
+def add_arguments(parser) -> None:
+    add_run_arguments(parser, "peers")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="V1,V2",
+                        help="ddp, ddp:MB (bucket_cap_mb), postlocal:K, ssgd, ssgd:no-overlap, ssd, any bench "
+                             "train variant; an ssdmpi one may end in @PROGRESS (test|poll|thread|blocking) "
+                             f"(default {DEFAULT_VARIANTS})")
+    parser.add_argument("--probe-repeats", type=int, default=5, metavar="N",
+                        help="timed forward/backward passes of the compute probe per engine (0: no probe; default "
+                             "%(default)s)")
+
+
+def run(args) -> int:
+    check_run_arguments(args)
+    if args.probe_repeats < 0:
+        raise UserError(f"--probe-repeats must be >= 0, got {args.probe_repeats}")
+    variants = [parse_peer_variant(v) for v in args.variants.split(",") if v.strip()]
+    if not variants:
+        raise UserError("--variants is empty; give at least one, e.g. ddp,ssgd")
+    check_variants(args, variants)
+    if not args.dry_run:
+        check_torch(variants)
+    launched = run_variants(args, variants, "peers")
+    if launched is None:
+        return 0
+    results, failures = launched
+    out = Path(args.out)
+    probe = compute_probe(args, args.probe_repeats)
+    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
+    compare_to_ddp(rows, variants)
+    overlap = add_overlap_bounds(rows, variants, probe)
+    md = markdown_table(rows, PEER_COLUMNS) + "\n" + breakdown_table(rows)
+    if overlap:
+        md += "\n" + markdown_table(overlap, OVERLAP_COLUMNS)
+    settings = settings_line(args, "peers")
+    notes = "\n".join(n for n in (probe_line(probe), f"Command: `{command_line()}`") if n)
+    atomic_write(out / "results.md", f"<!-- {settings} -->\n" + md + "\n" + notes + "\n")
+    atomic_write(out / "results.csv", csv_table(rows, TABLES))
+    atomic_write(out / "result.json", result_json(rows, settings, "peers", TABLES, compute_probe=probe,
+                                                  target_drop_points=args.target_drop))
+    write_figures(args, results)
+    print(md + notes)
+    print(f"[bench peers] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
+          f"{out / 'figures'}/")
+    return 1 if failures else 0

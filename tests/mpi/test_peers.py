@@ -1,0 +1,79 @@
+"""The PyTorch peers of ``ssdmpi bench peers`` (ssdmpi/bench/torch_peer.py) train what ssdmpi trains.
+
+From the same flags, start and data, the DDP peer and ssdmpi's ssgd must reach the same
+weights, and the post-local SGD peer the same as ssdmpi's localsgd (its averaging aligned to
+localsgd's periods), after every step, at 1, 2 and 4 ranks: same samples per rank and step
+(ssdmpi's loader), same update rule (ALGORITHM.md 3, decay on weights only), same learning rate
+per step. Float64, so that what differs -- PyTorch's GEMMs against NumPy's, gloo's summation
+order against MPI's, DDP's division before the sum -- stays near 1e-16 per operation: a
+relative 1e-10 after a few steps; a wrong mask, learning rate, sample or period is >= 1e-6.
+Skipped with the reason when PyTorch is missing.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ssdmpi.algos import build_algorithm
+from ssdmpi.comm.communicator import Communicator
+from ssdmpi.data import ShardedLoader
+from ssdmpi.nn import build_model
+
+torch = pytest.importorskip("torch", reason="the PyTorch peers need PyTorch (pip install torch)")
+torch_peer = pytest.importorskip("ssdmpi.bench.torch_peer")
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")   # torch.distributed's own imports
+TOL = 1e-10
+FLAGS = ["--dataset", "digits", "--model", "mlp", "--widths", "24,16", "--batch-size", "8", "--lr", "0.1",
+         "--dtype", "float64", "--seed", "3", "--lr-schedule", "cosine", "--steps", "10", "--weight-decay", "0.01"]
+
+
+@pytest.fixture
+def communicator():
+    c = Communicator(MPI.COMM_WORLD)
+    yield c
+    c.free()
+
+
+def ssdmpi_twin(peer, comm):
+    """ssdmpi's own algorithm, model and loader for the peer's resolved settings."""
+    cfg = peer.cfg
+    model = build_model(cfg.model, peer.dataset.input_shape, peer.dataset.num_classes, dtype=np.dtype(cfg.dtype),
+                        seed=cfg.seed, widths=tuple(cfg.widths))
+    comm.broadcast(model.params, root=0)
+    loader = ShardedLoader(peer.dataset.train_x, peer.dataset.train_y, cfg.batch_size, comm.rank, comm.size,
+                           seed=cfg.seed)
+    return build_algorithm(peer.algo, model, comm), loader
+
+
+def all_ranks(ok: bool) -> bool:
+    return MPI.COMM_WORLD.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.parametrize("peer_name,flags", [
+    ("ddp", ["--algo", "ssgd"]),
+    ("postlocal", ["--algo", "localsgd", "--delay", "3", "--warmup-steps", "2"]),
+], ids=["ddp-vs-ssgd", "postlocal-vs-localsgd"])
+def test_the_peer_reaches_ssdmpis_weights_step_by_step(communicator, tmp_path, peer_name, flags):
+    peer = torch_peer.Peer(["--peer", peer_name, "--run-dir", str(tmp_path / "peer"), *FLAGS, *flags])
+    peer.setup()
+    try:
+        algo, loader = ssdmpi_twin(peer, communicator)
+        assert peer.total_steps == 10 and algo.schedule(1) < algo.schedule(0)   # the lr changes every step
+        for t in range(peer.total_steps):
+            mine, _, _, _, _ = peer.step(t)
+            xb, yb = loader.next_batch()
+            theirs = algo.step(xb.astype(np.float64), yb)        # as the trainer casts for --dtype float64
+            assert abs(mine - theirs) <= TOL * max(1.0, abs(theirs)), f"loss at t={t}"
+            W, ref = peer.global_weights(), np.asarray(algo.global_weights())
+            diff = np.abs(W - ref).max()
+            assert all_ranks(diff <= TOL * max(1.0, np.abs(ref).max())), f"W at t={t}: max |diff| {diff:.3g}"
+            if algo.stage == "delay":     # post-local SGD: each rank's local model too
+                local = peer.flat(list(peer.ddp.module.parameters()))
+                assert np.abs(local - np.asarray(algo.local_weights())).max() <= TOL, f"L at t={t}"
+        peer.finalize()
+        algo.finalize()
+        diff = np.abs(peer.global_weights() - np.asarray(algo.global_weights())).max()
+        assert all_ranks(diff <= TOL), f"W after finalize: {diff:.3g}"
+    finally:
+        peer.dist.destroy_process_group()
