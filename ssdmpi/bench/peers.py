@@ -61,6 +61,7 @@ from ssdmpi.bench.train import (
     markdown_table,
     parse_variant,
     result_json,
+    run_jobs,
     run_variants,
     settings_line,
     summarise,
@@ -146,11 +147,15 @@ def _torch_variant(parts: list) -> Variant:
     raise ValueError(parts)
 
 
-def check_torch(variants) -> None:
-    """``UserError`` (one line: what to install) when PyTorch peers are asked for and PyTorch is missing."""
+def check_torch(args, variants) -> None:
+    """``UserError`` (one line: what to install) when PyTorch peers must run and PyTorch is missing.
+
+    A peer whose run ``--reuse`` finds complete is only parsed, so it needs no PyTorch."""
     from ssdmpi.verify.torch_ref import torch_available
 
-    peers = [v.name for v in variants if not v.by_ssdmpi]
+    to_run = {v.name for v, _, run_dir in run_jobs(args, variants)
+              if not (args.reuse and (run_dir / "metrics.jsonl").exists())}
+    peers = [v.name for v in variants if not v.by_ssdmpi and v.name in to_run]
     ok, why = torch_available()
     if peers and not ok:
         raise UserError(f"the PyTorch peers ({', '.join(peers)}) need PyTorch: {why}; pip install torch "
@@ -343,7 +348,7 @@ def run(args) -> int:
         raise UserError("--variants is empty; give at least one, e.g. ddp,ssgd")
     check_variants(args, variants)
     if not args.dry_run:
-        check_torch(variants)
+        check_torch(args, variants)
     launched = run_variants(args, variants, "peers")
     if launched is None:
         return 0

@@ -633,6 +633,13 @@ def write_figures(args, results: dict) -> None:
         make_figures(runs, Path(args.out) / "figures", title=f"{args.model}, {_where(args)}")
 
 
+def run_jobs(args, variants) -> list:
+    """``(variant, repeat, run directory)`` for each run of the benchmark, in launch order."""
+    runs = Path(args.out) / "runs"
+    return [(v, rep, runs / (v.name if args.repeats == 1 else f"{v.name}-r{rep}"))
+            for rep in range(args.repeats) for v in variants]
+
+
 def run_variants(args, variants, kind: str):
     """Run every variant ``--repeats`` times, interleaved, each into ``OUT/runs/NAME[-rREP]`` with its
     log in ``OUT/logs`` (``--reuse``: parse what is there), and parse them; ``(results, failures)``
@@ -643,8 +650,7 @@ def run_variants(args, variants, kind: str):
     # Runs are launched from the repository root: make the output path independent of that.
     args.out = str(Path(args.out).resolve())
     out = Path(args.out)
-    jobs = [(v, rep, out / "runs" / (v.name if args.repeats == 1 else f"{v.name}-r{rep}"))
-            for rep in range(args.repeats) for v in variants]
+    jobs = run_jobs(args, variants)
     if args.dry_run:
         for v, _, run_dir in jobs:
             print(shlex.join(launch_command(v, run_dir, args)))
