@@ -22,8 +22,9 @@ import time
 import numpy as np
 
 from ssdmpi import backend
-from ssdmpi.algos import auto_delay, resize
+from ssdmpi.algos import auto_delay, registry, resize
 from ssdmpi.algos.overlap import BackwardAllreduce
+from ssdmpi.algos.period import Counts
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
 from ssdmpi.phases import Phases, clock
@@ -46,11 +47,15 @@ class Algorithm:
         self.N = int(communicator.size)
         self.auto = config.delay == "auto" and self.has_delay_stage
         self.k = None if self.auto else config.delay
-        self.d = config.merge_delay       # the merge delay of delta-merge (None otherwise, or until auto chooses)
+        # The merge delay d of a period rule that has one (its setting that --delay auto chooses with k;
+        # None otherwise, or until auto chooses it).
+        rule = registry.RULES.get(config.period_rule)
+        self._merge_delay = rule.auto_chooses if rule is not None else None
+        self.d = getattr(config, self._merge_delay) if self._merge_delay else None
         self.delay_choice = None          # --delay auto: the DelayChoice, once made
         self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
-        self._meter = auto_delay.DelayMeter(hi=config.delay_max, mu=config.momentum,
-                                            d=config.merge_delay) if self.auto else None
+        self._meter = auto_delay.DelayMeter(hi=config.delay_max, mu=config.momentum, d=self.d,
+                                            rule=config.period_rule) if self.auto else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()
@@ -60,8 +65,7 @@ class Algorithm:
         self.W = model.params
         self.M = self.xp.zeros_like(model.params)
         self.L = None
-        self.t = 0
-        self.s = 0
+        self.counts = Counts()   # t, s (a period rule adds to s: ssdmpi/algos/period.py)
         self.phases = Phases()   # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
         # The gradient allreduce posted bucket by bucket during the backward pass (overlap.py),
         # in buckets of --bucket-size (the Communicator's bucket_bytes) or DDP's default 25 MiB.
@@ -71,6 +75,24 @@ class Algorithm:
             self._enter_delay()
 
     # --- public API ----------------------------------------------------------------------
+
+    @property
+    def t(self) -> int:
+        """Iterations done (the index of the next one)."""
+        return self.counts.t
+
+    @t.setter
+    def t(self, value: int) -> None:
+        self.counts.t = value
+
+    @property
+    def s(self) -> int:
+        """Global steps applied to ``W``."""
+        return self.counts.s
+
+    @s.setter
+    def s(self, value: int) -> None:
+        self.counts.s = value
 
     @property
     def stage(self) -> str:
@@ -90,7 +112,7 @@ class Algorithm:
     @property
     def lr_local(self) -> float | None:
         """The learning rate the next local update will use (None in the warm-up)."""
-        return self._local_lr(self.t) if self.stage == "delay" else None
+        return self.local_lr_at(self.t) if self.stage == "delay" else None
 
     def global_weights(self):
         """``W`` (a view; do not modify). Identical on every rank."""
@@ -137,7 +159,7 @@ class Algorithm:
         """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-merge, d=1, lr=0.1, ...)``: the key settings."""
         c = self.config
         k = "auto" if self.auto and self.k is None else self.k
-        d = "auto" if self.auto and self.d is None and c.period_rule == "delta-merge" else self.d
+        d = "auto" if self.auto and self.d is None and self._merge_delay else self.d
         keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule), ("d", d),
                 ("local_update", c.local_update), ("local_lr", c.local_lr), ("lr", c.lr),
                 ("momentum", c.momentum), ("weight_decay", c.weight_decay))
@@ -281,7 +303,7 @@ class Algorithm:
         self.L = self.model.params
         self._begin_delay()
 
-    def _local_lr(self, t: int) -> float:
+    def local_lr_at(self, t: int) -> float:
         """Learning rate of the local step at iteration ``t`` (subclasses that use ``local_lr`` override)."""
         return self.schedule(t)
 

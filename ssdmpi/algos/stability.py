@@ -30,6 +30,9 @@ Rules (``rule`` of ``period_map`` and ``threshold``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 X_MIN, X_MAX = 1e-3, 4.0      # the scanned range of eta*h
@@ -105,46 +108,79 @@ def _merge(s: LinearState, x) -> np.ndarray:
     return _chain(w, lo, s.assign(x, {f"S{r}": {"W": 1.0} for r in range(N)}))
 
 
+def _ssgd(x, k, d, N, mu, damping):
+    s = LinearState(1, shared=("W", "M"), per_rank=())
+    step = _chain(s.assign(x, {"M": {"M": mu, "W": -x}}), s.assign(x, {"W": {"W": 1.0, "M": 1.0}}))
+    return _power(step, k)
+
+
+def _localsgd(x, k, d, N, mu, damping):
+    s = LinearState(N, shared=("W",), per_rank=("L", "U"))
+    average = _chain(s.assign(x, {"W": {f"L{r}": 1.0 / N for r in range(N)}}),
+                     s.assign(x, {f"L{r}": {"W": 1.0} for r in range(N)}))
+    return _chain(_power(_local_steps(s, x, mu), k), average)
+
+
+def _delta(x, k, d, N, mu, damping):
+    """delta-merge at ``(k, d)``; delta-own is ``d = k``."""
+    if d is None or not 1 <= d <= k:
+        raise ValueError(f"merge delay d must be in 1..k={k}, got {d!r}")
+    s = LinearState(N)
+    step = _local_steps(s, x, mu)
+    return _chain(_power(step, d), _merge(s, x), _power(step, k - d), _post(s, x))
+
+
+def _damp(x, k, d, N, mu, damping):
+    # delta-own's order at a period end: W <- W + P; D = L - S; L <- W + a*D; post D; S <- L.
+    s = LinearState(N, per_rank=("L", "U", "S", "D"))
+    w = s.assign(x, {"W": {"W": 1.0, "P": 1.0}})
+    disp = s.assign(x, {f"D{r}": {f"L{r}": 1.0, f"S{r}": -1.0} for r in range(N)})
+    restart = s.assign(x, {f"L{r}": {"W": 1.0, f"D{r}": damping} for r in range(N)})
+    send = s.assign(x, {"P": {f"D{r}": 1.0 / N for r in range(N)}})
+    start = s.assign(x, {f"S{r}": {f"L{r}": 1.0} for r in range(N)})
+    return _chain(_power(_local_steps(s, x, mu), k), w, disp, restart, send, start)
+
+
+def _replay(x, k, d, N, mu, damping):
+    # Local update global-momentum: L <- L + mu*M - eta*g; A accumulates eta*g. At a period end:
+    # k global steps M <- mu*M - P/k, W <- W + M with the previous period's mean P; post A; L <- W.
+    s = LinearState(N, shared=("W", "M", "P"), per_rank=("L", "A"))
+    local = s.assign(x, {**{f"L{r}": {f"L{r}": 1.0 - x, "M": mu} for r in range(N)},
+                         **{f"A{r}": {f"A{r}": 1.0, f"L{r}": x} for r in range(N)}})
+    glob = _chain(s.assign(x, {"M": {"M": mu, "P": -1.0 / k}}), s.assign(x, {"W": {"W": 1.0, "M": 1.0}}))
+    send = _chain(s.assign(x, {"P": {f"A{r}": 1.0 / N for r in range(N)}}),
+                  s.assign(x, {**{f"A{r}": {} for r in range(N)}, **{f"L{r}": {"W": 1.0} for r in range(N)}}))
+    return _chain(_power(local, k), _power(glob, k), send)
+
+
+@dataclass(frozen=True)
+class LinearRule:
+    """A rule of the model: ``build(x, k, d, N, mu, damping)`` its period's map; ``period``: it has a
+    ``k`` (``ssgd``: none, one step); ``merge_delay``: ``"own"`` (a ``d`` of its own, ``1..k``), ``"k"``
+    (merged at the next period's end: ``d = k``) or None; ``damping``: it takes a factor ``a``."""
+
+    build: Callable
+    period: bool = True
+    merge_delay: str | None = None
+    damping: bool = False
+
+
+RULES = {
+    "ssgd": LinearRule(_ssgd, period=False),
+    "localsgd": LinearRule(_localsgd),
+    "delta-own": LinearRule(lambda x, k, d, N, mu, a: _delta(x, k, k, N, mu, a), merge_delay="k"),
+    "delta-merge": LinearRule(_delta, merge_delay="own"),
+    "damp": LinearRule(_damp, damping=True),
+    "replay": LinearRule(_replay),
+}
+
+
 def period_map(rule: str, x: np.ndarray, k: int, d: int | None = None, N: int = 2, mu: float = 0.9,
                damping: float = 0.5) -> np.ndarray:
     """The transition matrix ``T(x)`` (``(len(x), n, n)``) of one period of ``rule`` (see the module)."""
-    x = np.asarray(x, dtype=np.float64)
-    if rule == "ssgd":
-        s = LinearState(1, shared=("W", "M"), per_rank=())
-        step = _chain(s.assign(x, {"M": {"M": mu, "W": -x}}), s.assign(x, {"W": {"W": 1.0, "M": 1.0}}))
-        return _power(step, k)
-    if rule == "localsgd":
-        s = LinearState(N, shared=("W",), per_rank=("L", "U"))
-        average = _chain(s.assign(x, {"W": {f"L{r}": 1.0 / N for r in range(N)}}),
-                         s.assign(x, {f"L{r}": {"W": 1.0} for r in range(N)}))
-        return _chain(_power(_local_steps(s, x, mu), k), average)
-    if rule in ("delta-own", "delta-merge"):
-        d = k if rule == "delta-own" else d
-        if d is None or not 1 <= d <= k:
-            raise ValueError(f"merge delay d must be in 1..k={k}, got {d!r}")
-        s = LinearState(N)
-        step = _local_steps(s, x, mu)
-        return _chain(_power(step, d), _merge(s, x), _power(step, k - d), _post(s, x))
-    if rule == "damp":
-        # delta-own's order at a period end: W <- W + P; D = L - S; L <- W + a*D; post D; S <- L.
-        s = LinearState(N, per_rank=("L", "U", "S", "D"))
-        w = s.assign(x, {"W": {"W": 1.0, "P": 1.0}})
-        disp = s.assign(x, {f"D{r}": {f"L{r}": 1.0, f"S{r}": -1.0} for r in range(N)})
-        restart = s.assign(x, {f"L{r}": {"W": 1.0, f"D{r}": damping} for r in range(N)})
-        send = s.assign(x, {"P": {f"D{r}": 1.0 / N for r in range(N)}})
-        start = s.assign(x, {f"S{r}": {f"L{r}": 1.0} for r in range(N)})
-        return _chain(_power(_local_steps(s, x, mu), k), w, disp, restart, send, start)
-    if rule == "replay":
-        # Local update global-momentum: L <- L + mu*M - eta*g; A accumulates eta*g. At a period end:
-        # k global steps M <- mu*M - P/k, W <- W + M with the previous period's mean P; post A; L <- W.
-        s = LinearState(N, shared=("W", "M", "P"), per_rank=("L", "A"))
-        local = s.assign(x, {**{f"L{r}": {f"L{r}": 1.0 - x, "M": mu} for r in range(N)},
-                             **{f"A{r}": {f"A{r}": 1.0, f"L{r}": x} for r in range(N)}})
-        glob = _chain(s.assign(x, {"M": {"M": mu, "P": -1.0 / k}}), s.assign(x, {"W": {"W": 1.0, "M": 1.0}}))
-        send = _chain(s.assign(x, {"P": {f"A{r}": 1.0 / N for r in range(N)}}),
-                      s.assign(x, {**{f"A{r}": {} for r in range(N)}, **{f"L{r}": {"W": 1.0} for r in range(N)}}))
-        return _chain(_power(local, k), _power(glob, k), send)
-    raise ValueError(f"unknown rule {rule!r}")
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}")
+    return RULES[rule].build(np.asarray(x, dtype=np.float64), k, d, N, mu, damping)
 
 
 def spectral_radius(T: np.ndarray) -> np.ndarray:

@@ -13,7 +13,9 @@ policy, so every variant of a row sees the same samples in the same order), then
 test set. Model initialisation and data order use the seed, identical for every variant.
 ``--lr`` and ``--seed`` take lists: one command runs the whole grid.
 
-Variants (``--variants``, comma separated; ``k`` applies to all but ``ssgd``)::
+Variants (``--variants``, comma separated; every algorithm's and period rule's named
+configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algorithm takes
+``--delay``)::
 
     ssgd                    synchronous SGD (the reference of each row; no k)
     step/global-momentum    ssd --comm step --local-update global-momentum
@@ -21,8 +23,10 @@ Variants (``--variants``, comma separated; ``k`` applies to all but ``ssgd``)::
     step/sgd                ssd --comm step --local-update sgd       (local lr N * lr)
     period/delta-own        ssd --comm period --period-rule delta-own
     period/delta-merge      ssd --comm period --period-rule delta-merge (its default merge delay);
-                            period/delta-merge:d=D with --merge-delay D (skipped where D > k)
+                            period/delta-merge:d=D with --merge-delay D (skipped where D > k: a
+                            rule's setting by its bench tag, where the run takes it)
     period/replay           ssd --comm period --period-rule replay --local-update global-momentum
+    odsgd                   ssd --comm step with k = 1 (no k)
     localsgd                blocking periodic averaging, local momentum
     asgd                    --algo asgd --servers 1 --asgd-order round-robin (no k): N workers
                             plus one parameter server, the server applying the N pushes of
@@ -49,26 +53,19 @@ import os
 import sys
 import time
 
+from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import CommaList
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
 
 MODELS = ("mlp", "lenet5")
-VARIANTS = {
-    "ssgd": dict(algo="ssgd"),
-    "step/global-momentum": dict(algo="ssd", comm="step", local_update="global-momentum"),
-    "step/glu-paper": dict(algo="ssd", comm="step", local_update="glu-paper"),
-    "step/sgd": dict(algo="ssd", comm="step", local_update="sgd"),
-    "period/delta-own": dict(algo="ssd", comm="period", period_rule="delta-own"),
-    "period/delta-merge": dict(algo="ssd", comm="period", period_rule="delta-merge"),
-    "period/replay": dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
-    "localsgd": dict(algo="localsgd"),
-    "asgd": dict(algo="asgd", servers=1, asgd_order="round-robin"),
-}
+# Every algorithm's named configurations (``ssdmpi/algos/registry.py``: a new rule adds ``period/<rule>``).
+VARIANTS = registry.variants()
 # Variants without a delay/period k: one configuration (k = 0) and one column per row.
-NO_DELAY = ("ssgd", "asgd")
-DEFAULT_VARIANTS = ("ssgd", "period/delta-merge", "period/delta-own", "step/global-momentum", "localsgd")
+NO_DELAY = tuple(v for v, s in VARIANTS.items() if not registry.ALGORITHMS[s["algo"]].takes("delay"))
+BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]].baseline)   # ssgd
+DEFAULT_VARIANTS = ("ssgd", f"period/{registry.DEFAULT_RULE}", "period/delta-own", "step/global-momentum", "localsgd")
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
 SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "momentum", "weight_decay",
@@ -78,27 +75,30 @@ FIELDS = ("model", "N", "variant", "k") + SETTINGS + ("steps", "acc_W", "acc_W_n
 
 def add_arguments(parser) -> None:
     parser.add_argument("--models", default="mlp,lenet5", metavar="M1,M2",
-                        help="models (mlp = 784-256-10, lenet5; default mlp,lenet5)")
-    parser.add_argument("--ranks", default="2,4", metavar="N1,N2", help="simulated workers N (default 2,4)")
-    parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="delays/periods k (default 2,5,10)")
+                        help="models (mlp = 784-256-10, lenet5; default %(default)s)")
+    parser.add_argument("--ranks", default="2,4", metavar="N1,N2", help="simulated workers N (default %(default)s)")
+    parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="delays/periods k (default %(default)s)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="V1,V2",
-                        help=f"variants, from {', '.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
-    parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default fashion-mnist)")
+                        help=f"variants, from {', '.join(VARIANTS)} (default %(default)s)")
+    parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default %(default)s)")
     parser.add_argument("--data-path", default=None, metavar="PATH", help="dataset directory or file")
     parser.add_argument("--lr", action=CommaList, default="0.02", metavar="LR1,LR2",
-                        help="global learning rates, constant (default 0.02)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="momentum mu (default 0.9)")
-    parser.add_argument("--weight-decay", type=float, default=1e-4, help="weight decay lambda (default 1e-4)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default 32)")
+                        help="global learning rates, constant (default %(default)s)")
+    parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
+                        help="momentum mu (default %(default)s, as ssdmpi train)")
+    parser.add_argument("--weight-decay", type=float, default=registry.SETTINGS["weight_decay"].default,
+                        help="weight decay lambda (default %(default)s, as ssdmpi train)")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default %(default)s)")
     parser.add_argument("--epochs", default=DEFAULT_EPOCHS, metavar="E|M=E,...",
-                        help=f"epochs, one number or per model (default {DEFAULT_EPOCHS}); fractions allowed")
+                        help="epochs, one number or per model (default %(default)s); fractions allowed")
     parser.add_argument("--warmup-steps", type=int, default=200, help="SSGD iterations before the delay stage "
-                        "(default 200)")
+                        "(default %(default)s)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on a fixed random subset of N training samples (default: all)")
     parser.add_argument("--seed", action=CommaList, default="0", metavar="S1,S2",
-                        help="model-initialisation and data-order seeds (default 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel processes (default 1)")
+                        help="model-initialisation and data-order seeds (default %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="configurations run in parallel processes (default %(default)s)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write DIR/results.csv and DIR/results.md")
     parser.add_argument("--resume", action="store_true",
                         help="with --out: keep DIR's results.csv and skip the configurations already in it")
@@ -177,25 +177,47 @@ def parse(args) -> tuple[list[dict], dict]:
                 for k in k_order:
                     for n in ranks:
                         for v in variants:
-                            if (v in NO_DELAY and k != k_order[0]) or _merge_delay(v) > k:
+                            if (v in NO_DELAY and k != k_order[0]) or not _runs_at(v, k):
                                 continue
                             configs.append(dict(model=model, N=n, variant=v, k=0 if v in NO_DELAY else k,
                                                 epochs=epochs[model], lr=lr, seed=seed, **settings))
     return configs, epochs
 
 
-def _known(variant: str) -> bool:
-    """A name of ``VARIANTS``, or ``period/delta-merge:d=D`` (that rule with merge delay D >= 1)."""
+def _own_setting(variant: str) -> dict:
+    """What ``BASE:TAG=V`` adds to the variant ``BASE``: a setting of its period rule named by the setting's
+    bench tag (``period/delta-merge:d=2``: ``merge_delay`` 2), checked; ``{}`` for a plain name of
+    ``VARIANTS``. ``ValueError`` or ``UserError`` when it is neither."""
     base, _, param = variant.partition(":")
+    if base not in VARIANTS:
+        raise ValueError(variant)
     if not param:
-        return base in VARIANTS
-    return base == "period/delta-merge" and param.startswith("d=") and param[2:].isdigit() and int(param[2:]) >= 1
+        return {}
+    tag, _, value = param.partition("=")
+    rule = registry.RULES.get(VARIANTS[base].get("period_rule"))
+    for s in (rule.settings if rule is not None else ()):
+        if s.bench_tag and s.bench_tag.split("{")[0] == tag:
+            s.validate(s.type(value))
+            return {s.name: s.type(value)}
+    raise ValueError(variant)
 
 
-def _merge_delay(variant: str) -> int:
-    """The ``D`` of ``period/delta-merge:d=D``; 0 for any other variant."""
-    _, _, param = variant.partition(":")
-    return int(param[2:]) if param else 0
+def _known(variant: str) -> bool:
+    """A name of ``VARIANTS``, or one with a setting of its rule (``_own_setting``)."""
+    try:
+        _own_setting(variant)
+    except (ValueError, UserError):
+        return False
+    return True
+
+
+def _runs_at(variant: str, k: int) -> bool:
+    """``ssdmpi train`` takes ``variant`` at period ``k`` (``period/delta-merge:d=3`` does not at ``k = 2``)."""
+    try:
+        registry.resolve({**variant_settings(variant, k), "warmup_steps": 0})
+    except UserError:
+        return False
+    return True
 
 
 def variant_settings(variant: str, k: int) -> dict:
@@ -204,9 +226,7 @@ def variant_settings(variant: str, k: int) -> dict:
     algo = dict(VARIANTS[base])
     if base not in NO_DELAY:
         algo["delay"] = k
-    if _merge_delay(variant):
-        algo["merge_delay"] = _merge_delay(variant)
-    return algo
+    return {**algo, **_own_setting(variant)}
 
 
 def _key(row: dict) -> tuple:
@@ -278,7 +298,7 @@ def table(rows: list[dict], models, lrs, ranks, variants, k: int, seeds: int = 1
     for model in models:
         for lr in lrs:
             for n in ranks:
-                ref = acc.get((model, lr, n, "ssgd", 0), {})
+                ref = acc.get((model, lr, n, BASELINE, 0), {})
                 cells = [model, f"{lr:g}", str(n)]
                 for v in variants:
                     runs = acc.get((model, lr, n, v, 0 if v in NO_DELAY else k), {})
@@ -310,7 +330,7 @@ def with_diffs(rows: list[dict]) -> list[dict]:
     def key(r):
         return (r["model"], float(r.get("lr", 0)), int(r["N"]), int(r.get("seed", 0)))
 
-    ref = {key(r): float(r["acc_W"]) for r in rows if r["variant"] == "ssgd"}
+    ref = {key(r): float(r["acc_W"]) for r in rows if r["variant"] == BASELINE}
     out = []
     for r in rows:
         base = ref.get(key(r))
@@ -389,7 +409,7 @@ def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pen
     text = [f"Final test accuracy (%) of W after finalize, {what}; reference simulator.", "", settings, ""]
     with_k = [v for v in variants if v not in NO_DELAY]
     for k in (delays if with_k else delays[:1]):
-        cols = [v for v in variants if v in NO_DELAY or _merge_delay(v) <= k]
+        cols = [v for v in variants if v in NO_DELAY or _runs_at(v, k)]
         text += [f"### k = {k}" if with_k else "### every variant without k", "",
                  table(rows, models, lrs, ranks, cols, k, len(seeds)), ""]
     if pending:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 
+from ssdmpi.algos import registry
 from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
 
-RULES = ("ssgd", "localsgd", "delta-own", "delta-merge", "damp", "replay")   # ssdmpi.algos.stability.period_map's
+RULES = ("ssgd", "localsgd", "delta-own", "delta-merge", "damp", "replay")   # ssdmpi.algos.stability.RULES
 DEFAULT_RULES = "ssgd,localsgd,delta-own,delta-merge"
 
 
@@ -24,35 +25,38 @@ DEFAULT_RULES = "ssgd,localsgd,delta-own,delta-merge"
 
 def add_arguments(parser) -> None:
     parser.add_argument("--rules", action=CommaList, default=DEFAULT_RULES, metavar="R1,R2",
-                        help=f"rules, from {', '.join(RULES)} (default {DEFAULT_RULES})")
+                        help=f"rules, from {', '.join(RULES)} (default %(default)s)")
     parser.add_argument("--delays", action=CommaList, default="2,5,10,20", metavar="K1,K2",
-                        help="periods k (default 2,5,10,20)")
+                        help="periods k (default %(default)s)")
     parser.add_argument("--merge-delays", action=CommaList, default="1,2,3,5", metavar="D1,D2",
-                        help="merge delays d of the rule delta-merge, each at every k >= d (default 1,2,3,5)")
+                        help="merge delays d of the rule delta-merge, each at every k >= d (default %(default)s)")
     parser.add_argument("--damping", action=CommaList, default="0.5", metavar="A1,A2",
-                        help="own-displacement factors a of the rule damp (default 0.5)")
-    parser.add_argument("--ranks", type=int, default=2, help="ranks N (default 2)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="momentum mu (default 0.9)")
+                        help="own-displacement factors a of the rule damp (default %(default)s)")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks N (default %(default)s)")
+    parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
+                        help="momentum mu (default %(default)s, as ssdmpi train)")
     add_json(parser, "every threshold")
 
 
 def rows(rules, periods, delays, dampings, N: int, mu: float) -> list[dict]:
     """One dict per (rule, k, d, a) with its ``threshold``."""
-    from ssdmpi.algos.stability import threshold  # NumPy: not at import (``ssdmpi --help`` stays fast)
+    from ssdmpi.algos.stability import RULES, threshold  # NumPy: not at import (``ssdmpi --help`` stays fast)
 
     out = []
     for rule in rules:
-        for k in ([1] if rule == "ssgd" else periods):
-            if rule == "delta-merge":
+        spec = RULES[rule]
+        for k in (periods if spec.period else [1]):
+            if spec.merge_delay == "own":
                 params = [(d, None) for d in delays if d <= k]
-            elif rule == "damp":
+            elif spec.damping:
                 params = [(None, a) for a in dampings]
             else:
                 params = [(None, None)]
             for d, a in params:
                 value = threshold(rule, k, d, N, mu, 0.5 if a is None else a)
-                out.append({"rule": rule, "k": "" if rule == "ssgd" else k,
-                            "d": d if rule == "delta-merge" else (k if rule == "delta-own" else ""),
+                label = rule + (f", d = {d}" if d is not None else "") + (f", a = {a}" if a is not None else "")
+                out.append({"rule": rule, "label": label, "k": k if spec.period else "",
+                            "d": {"own": d, "k": k}.get(spec.merge_delay, ""),
                             "a": "" if a is None else a, "N": N, "mu": mu, "threshold": round(value, 4)})
     return out
 
@@ -61,19 +65,14 @@ def table(results: list[dict], periods) -> str:
     """Markdown: a row per (rule, d or a), a column per k; '' where d > k."""
     head = ["rule"] + [f"k = {k}" for k in periods]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    labels = list(dict.fromkeys(_label(r) for r in results))
+    labels = list(dict.fromkeys(r["label"] for r in results))
     for label in labels:
         cells = [label]
         for k in periods:
-            hit = [r for r in results if _label(r) == label and (r["k"] in ("", k))]
+            hit = [r for r in results if r["label"] == label and (r["k"] in ("", k))]
             cells.append(f"{hit[0]['threshold']:.3g}" if hit else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _label(r: dict) -> str:
-    return (r["rule"] + (f", d = {r['d']}" if r["rule"] == "delta-merge" else "")
-            + (f", a = {r['a']}" if r["rule"] == "damp" else ""))
 
 
 def run(args) -> int:

@@ -26,7 +26,7 @@ from tests.mpi.test_resume import all_ranks, newest_checkpoint, shared_tmpdir
 
 SETTINGS = [dict(algo="ssd", comm="period", period_rule="delta-merge"),
             dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2)]
-STABLE = stable_region(0.9)
+STABLE = stable_region(0.9, "delta-merge")
 WARMUP = 8
 # the meter's own method: inject() wraps it, never an earlier inject()'s wrapper (a second inject
 # must change what the meter sees, or a resumed run that measured again would go unseen)

@@ -24,6 +24,8 @@ from ssdmpi.algos.auto_delay import (
 )
 from ssdmpi.errors import UserError
 
+RULE = "delta-merge"     # the period rule whose merge delay --delay auto chooses
+
 # --- choose_period: hide (d), amortise (k), stable (k, d) ----------------------------------
 
 
@@ -135,7 +137,7 @@ def test_the_stable_region_is_the_maps_at_half_of_momentum_sgds_limit():
     the default (k, d) = (5, 1) is in; delta-own's timing (d = k) and d = 2 at k = 5 are out."""
     from ssdmpi.algos import stability
 
-    stable = stable_region(0.9)
+    stable = stable_region(0.9, RULE)
     bound = auto_delay.AUTO_STABILITY * 2 * 1.9
     assert bound == pytest.approx(1.9)
     for k, d in [(5, 1), (5, 2), (5, 5), (10, 2), (20, 3), (20, 6), (32, 8), (4, 1), (7, 1)]:
@@ -143,7 +145,7 @@ def test_the_stable_region_is_the_maps_at_half_of_momentum_sgds_limit():
         assert stable(k, d) == (fine >= bound), (k, d, fine)
     assert stable(5, 1) and not stable(5, 5) and not stable(5, 2) and stable(20, 3)
     for k, d in [(5, 1), (10, 3), (20, 3)]:                  # another momentum: its own map and bound (1.5)
-        assert stable_region(0.5)(k, d) == (stability.threshold("delta-merge", k, d, mu=0.5) >= 1.5), (k, d)
+        assert stable_region(0.5, RULE)(k, d) == (stability.threshold("delta-merge", k, d, mu=0.5) >= 1.5), (k, d)
 
 
 class FakeHandle:
@@ -191,13 +193,13 @@ def test_probe_cpu_is_the_median_thread_cpu_of_polled_allreduces(monkeypatch):
     assert sleeps == [auto_delay.PROBE_POLL_S] * 6         # polled between the tests, never spinning
 
 
-STABLE = stable_region(0.9)     # the meter's default momentum
+STABLE = stable_region(0.9, RULE)     # the meter's default momentum
 
 
 def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
     """c = 0.1 s, T = 0.4 s: the probe is a quarter of the gradient (about one step of time); its
     0.02 s of CPU scale to W = 0.08 s for the whole allreduce, and k amortises that."""
-    m = DelayMeter()
+    m = DelayMeter(rule=RULE)
     for _ in range(10):
         m.add(0.1, 0.4)
     asked = []
@@ -212,7 +214,7 @@ def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
 
 def test_the_period_end_update_counts_with_the_probed_cpu():
     """``u`` (the warm-up's update time) and the probe's CPU time add up to the per-period cost."""
-    m = DelayMeter()
+    m = DelayMeter(rule=RULE)
     for _ in range(10):
         m.add(0.1, 0.4, 0.03)
     choice = m.choose(FakeComm(), step=10, probe=lambda fraction: 0.02)
@@ -223,10 +225,10 @@ def test_the_period_end_update_counts_with_the_probed_cpu():
 
 
 def test_warm_up_samples_of_a_checkpoint_from_before_the_update_time_load_with_none():
-    m = DelayMeter()
+    m = DelayMeter(rule=RULE)
     m.load_state_dict({"auto.samples": np.array([[0.1, 0.2], [0.3, 0.4]])})
     assert m.samples == [(0.1, 0.2, 0.0), (0.3, 0.4, 0.0)]
-    again = DelayMeter()
+    again = DelayMeter(rule=RULE)
     again.load_state_dict(m.state_dict())
     assert again.samples == m.samples and m.state_dict()["auto.samples"].shape == (2, 3)
 
@@ -252,23 +254,24 @@ def test_delay_max_caps_the_choice_and_the_amortise_condition_is_judged_against_
     (k, d) with d > 1 (the map: d >= 2 needs k >= 17): d = 1, most of the allreduce exposed; amortising
     that asks for k = 6, which is unstable (1.67 < 1.9): k = 5. With W = 1 s of CPU per period,
     amortising asks for k = 27, or 8 at the cap."""
-    m = DelayMeter(hi=6)
+    m = DelayMeter(hi=6, rule=RULE)
     for _ in range(10):
         m.add(0.1, 0.95)
     capped = m.choose(FakeComm(), step=10)
     assert (capped.k, capped.d, capped.hi) == (5, 1, 6) and "1-6" in capped.text()
-    assert (decide({"c": 0.1, "T": 0.95, "fewest": -10}, 10).k, decide({"c": 0.1, "T": 0.95, "fewest": -10}, 10).d) \
+    uncapped = decide({"c": 0.1, "T": 0.95, "fewest": -10}, 10, rule=RULE)
+    assert (uncapped.k, uncapped.d) \
         == choose_period(0.1, 0.95, stable=STABLE) == (21, 10)
-    free = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10)
-    at_cap = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, hi=8)
+    free = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, rule=RULE)
+    at_cap = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, hi=8, rule=RULE)
     assert (free.k, free.d) == choose_period(0.1, 0.2, 1.0, stable=STABLE) == (27, 3)
     assert (at_cap.k, at_cap.d) == choose_period(0.1, 0.2, 1.0, hi=8, stable=STABLE) == (8, 1)
-    zero = decide({"c": 0.0, "T": 0.2, "fewest": -10}, 10, hi=8)     # nothing hides it: d = 1, amortised
+    zero = decide({"c": 0.0, "T": 0.2, "fewest": -10}, 10, hi=8, rule=RULE)     # nothing hides it: d = 1, amortised
     assert (zero.k, zero.d) == (8, 1) and STABLE(8, 1)
 
 
 def test_a_fixed_merge_delay_is_kept_and_k_chosen_around_it():
-    m = DelayMeter(d=3)
+    m = DelayMeter(d=3, rule=RULE)
     for _ in range(10):
         m.add(0.1, 0.05)
     choice = m.choose(FakeComm(), step=10)
@@ -282,14 +285,14 @@ def agree(meters, step=10):
     """What every rank gets: each meter's summary reduced with max, as allreduce_scalars does."""
     summaries = [m.summary() for m in meters]
     agreed = {key: max(s[key] for s in summaries) for key in summaries[0]}
-    return [decide(agreed, step) for _ in meters]
+    return [decide(agreed, step, rule=RULE) for _ in meters]
 
 
 def test_noisy_ranks_that_would_choose_differently_alone_agree_on_one_k():
     rng = np.random.default_rng(0)
     meters, alone = [], set()
     for rank in range(4):
-        m = DelayMeter()
+        m = DelayMeter(rule=RULE)
         c0 = 0.010 * (1 + 0.1 * rank)           # ranks differ in speed
         for _ in range(30):
             m.add(c0 * rng.uniform(0.9, 1.1), 0.0485 * rng.uniform(0.9, 1.1))
@@ -305,7 +308,7 @@ def test_noisy_ranks_that_would_choose_differently_alone_agree_on_one_k():
 
 
 def test_median_of_the_last_window_ignores_a_cold_first_step_and_a_pause():
-    m = DelayMeter()
+    m = DelayMeter(rule=RULE)
     m.add(5.0, 9.0)                              # cold first step
     for i in range(WINDOW + 5):
         m.add(0.1, 0.45 if i != 12 else 30.0)    # one pause in the allreduce
@@ -316,22 +319,22 @@ def test_median_of_the_last_window_ignores_a_cold_first_step_and_a_pause():
 
 
 def test_fewest_samples_is_reported_and_a_zero_compute_clock_gives_the_longest_delay():
-    a, b = DelayMeter(), DelayMeter()
+    a, b = DelayMeter(rule=RULE), DelayMeter(rule=RULE)
     for _ in range(3):
         a.add(0.0, 0.2)
     for _ in range(7):
         b.add(0.0, 0.1)
     choice = agree([a, b])[0]
     assert choice.samples == 3 and choice.k == DELAY_RANGE[1]
-    assert decide({"c": 0.0, "T": 0.0, "fewest": -5}, 5).k == DELAY_RANGE[0]
+    assert decide({"c": 0.0, "T": 0.0, "fewest": -5}, 5, rule=RULE).k == DELAY_RANGE[0]
 
 
 def test_meter_and_choice_round_trip_through_their_state():
-    m = DelayMeter()
+    m = DelayMeter(rule=RULE)
     assert m.state_dict() == {}
     for i in range(4):
         m.add(0.1 * i, 0.2 * i)
-    again = DelayMeter()
+    again = DelayMeter(rule=RULE)
     again.load_state_dict(m.state_dict())
     assert again.samples == m.samples
     choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20)
@@ -378,14 +381,14 @@ def test_delay_max_resolves_to_the_range_with_auto_and_is_refused_without_it():
     assert AlgoConfig(delay=5, warmup_steps=50).validate(world_size=2).delay_max is None
     for settings, words in [(dict(delay=5), "applies only to --delay auto"), (dict(), "applies only to --delay auto"),
                             (dict(delay="auto", algo="asgd"), "does not apply to --algo asgd"),
-                            (dict(delay="auto"), "integer >= 1")]:
+                            (dict(delay="auto"), "positive integer")]:
         with pytest.raises(UserError, match=words):
-            AlgoConfig(delay_max=0 if words == "integer >= 1" else 5, warmup_steps=50,
+            AlgoConfig(delay_max=0 if words == "positive integer" else 5, warmup_steps=50,
                        **settings).validate(world_size=2)
 
 
 def test_other_strings_are_still_refused():
-    with pytest.raises(UserError, match="integer >= 1"):
+    with pytest.raises(UserError, match="positive integer or auto"):
         AlgoConfig(delay="fast", warmup_steps=50).validate(world_size=2)
 
 
