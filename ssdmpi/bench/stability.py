@@ -10,9 +10,8 @@ threshold. ``--json FILE`` writes every threshold with the scan's range and step
 
 from __future__ import annotations
 
-import json
-
 from ssdmpi.algos import registry
+from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
@@ -88,7 +87,8 @@ def run(args) -> int:
     from ssdmpi.algos.stability import STEP, X_MAX, X_MIN
 
     if args.json:
-        emit_json(args.json, json.dumps({"x_min": X_MIN, "x_max": X_MAX, "step": STEP, "rows": results}, indent=1))
+        emit_json(args.json, result_file.dumps({**result_file.provenance("stability"), "x_min": X_MIN,
+                                                "x_max": X_MAX, "step": STEP, "rows": results}))
         if args.json == "-":
             return 0
     print(f"Largest stable eta*h (linear model: {args.ranks} ranks, curvature h, momentum {args.momentum:g}, "

@@ -178,7 +178,8 @@ def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch
     run = os.path.join(tmp, "run")
     seen = []
     original = auto_delay.decide
-    monkeypatch.setattr(auto_delay, "decide", lambda agreed, *a: seen.append(agreed) or original(agreed, *a))
+    monkeypatch.setattr(auto_delay, "decide",
+                        lambda agreed, *a, **kw: seen.append(agreed) or original(agreed, *a, **kw))
     inject(monkeypatch, **times_for(K_OTHER), seed=3)
     assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--stop-at-step", "5"] + ARGS)) == \
         [REQUEUE_EXIT] * size
