@@ -105,7 +105,7 @@ def _arguments(config) -> argparse.Namespace:
     for key in ("preset", "resume", "config"):
         if key in settings:
             setattr(args, key, settings.pop(key))
-    for name, value in configuration._normalise(settings, "ssdmpi.train config").items():
+    for name, value in configuration.normalise(settings, "ssdmpi.train config").items():
         setattr(args, name, value)
     return args
 

@@ -46,11 +46,11 @@ TEST_ORACLE = {"torch": (("torch",), None)}
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
-                        help="array backend to probe (default: auto)")
+                        help="array backend to probe (default: %(default)s)")
     parser.add_argument("--threads", type=int, metavar="N", help="threads per rank, as ssdmpi train --threads")
     parser.add_argument("--gpu-id", type=int, metavar="ID", help="CUDA device, as ssdmpi train --gpu-id")
     parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                        help="GPU transport setting to report the CUDA-aware verdict for (default: auto)")
+                        help="GPU transport setting to report the CUDA-aware verdict for (default: %(default)s)")
 
 
 def version(names, module: str | None = None) -> str | None:

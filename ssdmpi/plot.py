@@ -29,9 +29,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ssdmpi.algos import registry
 from ssdmpi.errors import UserError
 
 # Canonical name -> spellings accepted in metrics.jsonl / summary.json (first match wins).
@@ -121,29 +123,41 @@ class Run:
         return str(self.setting("algo", "?"))
 
     @property
+    def spec(self):
+        """The algorithm's spec (``ssdmpi/algos/registry.py``), or None for an unknown name."""
+        return registry.find(self.algo)
+
+    @property
+    def baseline(self) -> bool:
+        """A run of the algorithm the others are compared with (ssgd)."""
+        return bool(self.spec and self.spec.baseline)
+
+    @property
+    def warmup(self) -> bool:
+        """The algorithm has an SSGD warm-up (all but ssgd, which is warm-up forever)."""
+        return self.spec is None or self.spec.warmup
+
+    @property
     def k(self):
-        """The delay/period ``k`` when it matters for this algorithm, else None."""
-        if self.algo == "ssgd":
+        """The delay/period ``k`` when it matters for this algorithm (fixed or set), else None."""
+        spec = self.spec
+        if spec is not None and not spec.delay_stage:
             return None
-        if self.algo == "odsgd":
-            return 1
+        if spec is not None and "delay" in spec.fixed:
+            return spec.fixed["delay"]
         k = self.setting("delay", self.setting("k"))
         return int(k) if number(k) is not None else None
 
     @property
     def label(self) -> str:
-        """A short legend label: ``ssgd``, ``ssd period k=5``, ``localsgd k=5`` (falls back to the dir name)."""
-        algo = self.algo
-        if algo == "?":
+        """A short legend label: ``ssgd``, ``ssd period k=5``, ``localsgd k=5`` (the algorithm's ``label``
+        parts with this run's settings; an unknown algorithm shows its k; no algorithm: the dir name)."""
+        if self.algo == "?":
             return self.path.name
-        parts = [algo]
-        if algo == "ssd":
-            comm = self.setting("comm")
-            if comm:
-                parts.append(str(comm))
-        if self.k is not None and algo != "odsgd":
-            parts.append(f"k={self.k}")
-        return " ".join(parts)
+        values = {"delay": self.k} | {name: self.setting(name) for name in registry.SETTINGS if name != "delay"}
+        parts = self.spec.label if self.spec is not None else ("k={delay}",)
+        shown = [p.format(**values) for p in parts if all(values.get(n) is not None for n in _fields(p))]
+        return " ".join([self.algo] + shown)
 
     def series(self, records, x: str, y: str):
         """Paired lists (xs, ys) of fields ``x`` and ``y`` over ``records`` where both are numbers."""
@@ -160,7 +174,7 @@ class Run:
         for ``ssgd``, which is warm-up forever). A record is past the warm-up when it covers
         none of the first ``warmup_steps`` steps: the record logged at the switch says
         ``delay`` (the stage after its last step) but timed warm-up steps."""
-        warmup = number(self.setting("warmup_steps")) if self.algo != "ssgd" else None
+        warmup = number(self.setting("warmup_steps")) if self.warmup else None
         steady, prev = [], 0.0
         for r in self.steps:
             step = number(get(r, "step"))
@@ -191,7 +205,7 @@ class Run:
         """Where the SSGD warm-up ends and the delay stage begins, on axis ``x`` (``step``,
         ``epoch`` or ``train_time``, the last interpolated between step records); None for a run
         without one (ssgd, no warm-up steps) or that never left it."""
-        warmup = number(self.setting("warmup_steps")) if self.algo != "ssgd" else None
+        warmup = number(self.setting("warmup_steps")) if self.warmup else None
         left = any(str(get(r, "stage", "")).lower() not in WARMUP_STAGES + ("",) for r in self.steps + self.evals)
         if not warmup or warmup <= 0 or not left:
             return None
@@ -237,6 +251,11 @@ def differing_settings(runs) -> list:
 
 def _suffix(run, differing) -> str:
     return "".join(f" {name}={_setting_text(run.setting(key))}" for key, name in differing)
+
+
+def _fields(template: str) -> list:
+    """The setting names a label part like ``"k={delay}"`` reads."""
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
 
 
 def legend_labels(runs) -> list:
@@ -404,7 +423,7 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
         return None
     if marked:
         _warmup_legend_entry(ax)
-    target = next((run.final_accuracy() for run in runs if run.algo == "ssgd" and run.final_accuracy()), None)
+    target = next((run.final_accuracy() for run in runs if run.baseline and run.final_accuracy()), None)
     if target is not None:
         ax.axhline(100 * target - 0.5, color="gray", linestyle=":", linewidth=1,
                    label="target: ssgd's final - 0.5 point")
@@ -460,7 +479,7 @@ def throughput_by_k(runs):
         sps = run.throughput()
         if sps is None:
             continue
-        if run.algo == "ssgd":
+        if run.baseline:
             baseline = sps if baseline is None else max(baseline, sps)
             continue
         if run.k is None:
@@ -547,7 +566,7 @@ def make_figures(runs, out_dir, title: str = "") -> list:
 def add_arguments(parser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories holding metrics.jsonl")
     parser.add_argument("--out", default="figures", metavar="DIR",
-                        help="directory for the PNG files (created if needed; default ./figures)")
+                        help="directory for the PNG files (created if needed; default ./%(default)s)")
     parser.add_argument("--title", default="", help="prefix for the figure titles (e.g. the experiment name)")
 
 

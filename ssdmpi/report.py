@@ -8,6 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from ssdmpi.algos import registry
+
 if TYPE_CHECKING:
     from ssdmpi.trainer import Job
 
@@ -94,12 +96,8 @@ def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
     from ssdmpi import backend
     from ssdmpi.metrics import counted
 
-    cfg, algo_cfg, model, dataset = job.cfg, job.algo_cfg, job.model, job.dataset
-    what = (f"{cfg.algo}" + (f" (k={algo_cfg.delay}, comm {algo_cfg.comm}, warm-up {algo_cfg.warmup_steps} steps)"
-                             if cfg.algo in ("ssd", "odsgd") else f" (k={algo_cfg.delay})" if cfg.algo == "localsgd"
-                             else f" ({counted(algo_cfg.servers, 'server')}, {counted(job.workers, 'worker')}, order "
-                                  f"{algo_cfg.asgd_order}, warm-up {algo_cfg.warmup_steps} steps)"
-                             if cfg.algo == "asgd" else ""))
+    cfg, model, dataset = job.cfg, job.model, job.dataset
+    what = registry.algorithm(cfg.algo).describe(job.algo_cfg, job.workers)
     per = "worker" if job.workers < size else "rank"
     return (f"ssdmpi train: {what} on {counted(size, 'rank')}, model {cfg.model} ({model.params.size} parameters, "
             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "

@@ -48,7 +48,7 @@ def resolve_run(args, world_size: int | None):
     if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
         if ckpt_path is not None and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
             cfg.run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
-    soft = configuration.soft_settings(args, ckpt_meta is not None)
+    soft = configuration.soft_settings(args)
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
     return cfg, soft, ckpt_path, ckpt_meta

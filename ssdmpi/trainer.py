@@ -220,7 +220,7 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=No
     from ssdmpi.training_state import TrainingState
 
     size = comm.size
-    workers = comm.agree(lambda: configuration.data_ranks(cfg, size))   # asgd: the servers load no data
+    workers = comm.agree(lambda: configuration.data_ranks(cfg, size, soft))   # asgd: the servers load no data
     dataset = comm.agree(lambda: load_dataset(cfg.dataset, cfg.data_path) if dataset is None else dataset)
     if cfg.augment != "none" and len(dataset.input_shape) != 3:
         raise UserError(f"--augment {cfg.augment} needs images; {dataset.name} has flat feature vectors "

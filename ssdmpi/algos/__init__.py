@@ -1,14 +1,16 @@
 """Training algorithms (ALGORITHM.md): ``ssgd``, ``ssd`` (both schedules), ``odsgd``, ``localsgd``,
 ``asgd`` (parameter-server ranks; ``asgd.py`` says where it differs from the API below).
 
-Build one with ``build_algorithm(config, model, communicator)``; ``reference.py`` is the
-single-process simulator of ``N`` workers that the tests use as the oracle.
+Each algorithm and each period rule is declared once, in the registry (``registry.py``, the
+rules in ``rules/``): its settings, its implementation, its twin in ``reference.py`` (the
+single-process simulator of ``N`` workers that the tests use as the oracle).
+Build one with ``build_algorithm(config, model, communicator)``.
 
 The Algorithm API (what the trainer uses)
 -----------------------------------------
 
 ``algo = build_algorithm(config: AlgoConfig, model, communicator)``
-    Validates ``config`` (``UserError`` on nonsense) and builds the algorithm. ``W`` is
+    Validates ``config`` (``UserError`` on nonsense) and builds the algorithm its spec names. ``W`` is
     initialised from ``model.params``: broadcast rank 0's weights BEFORE building. From
     then on ``model.params`` belongs to the algorithm: it holds the weights the model
     computes on (``W`` in the warm-up, ``L`` in the delay stage); do not write it.
@@ -64,26 +66,6 @@ mean gradient divided by ``N``.
 
 from __future__ import annotations
 
-from ssdmpi.algos.config import ALGOS, COMMS, DEFAULT_COMM, AlgoConfig
+from ssdmpi.algos.registry import AlgoConfig, build_algorithm
 
-
-def build_algorithm(config: AlgoConfig, model, communicator):
-    """The algorithm ``config.algo`` on ``model`` (see the module docstring for the API)."""
-    from ssdmpi.algos.asgd import ASGD
-    from ssdmpi.algos.base import SSGD
-    from ssdmpi.algos.localsgd import LocalSGD
-    from ssdmpi.algos.ssd import ODSGD, SSDPeriod, SSDStep
-
-    cfg = config.validate(world_size=communicator.size)
-    if cfg.algo == "ssgd":
-        return SSGD(cfg, model, communicator)
-    if cfg.algo == "asgd":
-        return ASGD(cfg, model, communicator)
-    if cfg.algo == "localsgd":
-        return LocalSGD(cfg, model, communicator)
-    if cfg.algo == "odsgd":
-        return ODSGD(cfg, model, communicator)
-    return SSDStep(cfg, model, communicator) if cfg.comm == "step" else SSDPeriod(cfg, model, communicator)
-
-
-__all__ = ["AlgoConfig", "build_algorithm", "ALGOS", "COMMS", "DEFAULT_COMM"]
+__all__ = ["AlgoConfig", "build_algorithm"]

@@ -23,6 +23,7 @@ import numpy as np
 from ssdmpi import backend
 from ssdmpi.algos import auto_delay, resize
 from ssdmpi.algos.overlap import BackwardAllreduce
+from ssdmpi.algos.period import Counts
 from ssdmpi.errors import UserError
 from ssdmpi.optim.sgd import MomentumSGD
 from ssdmpi.phases import Phases, clock
@@ -57,8 +58,7 @@ class Algorithm:
         self.W = model.params
         self.M = self.xp.zeros_like(model.params)
         self.L = None
-        self.t = 0
-        self.s = 0
+        self.counts = Counts()   # t, s (a period rule adds to s: ssdmpi/algos/period.py)
         self.phases = Phases()   # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
         # The gradient allreduce posted bucket by bucket during the backward pass (overlap.py),
         # in buckets of --bucket-size (the Communicator's bucket_bytes) or DDP's default 25 MiB.
@@ -68,6 +68,24 @@ class Algorithm:
             self._enter_delay()
 
     # --- public API ----------------------------------------------------------------------
+
+    @property
+    def t(self) -> int:
+        """Iterations done (the index of the next one)."""
+        return self.counts.t
+
+    @t.setter
+    def t(self, value: int) -> None:
+        self.counts.t = value
+
+    @property
+    def s(self) -> int:
+        """Global steps applied to ``W``."""
+        return self.counts.s
+
+    @s.setter
+    def s(self, value: int) -> None:
+        self.counts.s = value
 
     @property
     def stage(self) -> str:
@@ -87,7 +105,7 @@ class Algorithm:
     @property
     def lr_local(self) -> float | None:
         """The learning rate the next local update will use (None in the warm-up)."""
-        return self._local_lr(self.t) if self.stage == "delay" else None
+        return self.local_lr_at(self.t) if self.stage == "delay" else None
 
     def global_weights(self):
         """``W`` (a view; do not modify). Identical on every rank."""
@@ -277,7 +295,7 @@ class Algorithm:
         self.L = self.model.params
         self._begin_delay()
 
-    def _local_lr(self, t: int) -> float:
+    def local_lr_at(self, t: int) -> float:
         """Learning rate of the local step at iteration ``t`` (subclasses that use ``local_lr`` override)."""
         return self.schedule(t)
 

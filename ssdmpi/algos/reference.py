@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ssdmpi.algos.registry import ALGORITHMS
+from ssdmpi.algos.spec import load
+
 
 class Simulation:
     """``N`` simulated workers running ``config`` (an ``AlgoConfig``) step by step."""
@@ -46,7 +49,9 @@ class Simulation:
                 raise ValueError(f"need {self.N} loaders, got {len(loaders)}")
             self._batch = lambda r, t: loaders[r].next_batch()
         self.mu, self.lam, self.k = c.momentum, c.weight_decay, c.delay
-        self.T_w = None if c.algo == "ssgd" else c.warmup_steps
+        spec = ALGORITHMS[c.algo]
+        self.T_w = c.warmup_steps if spec.delay_stage else None
+        self.twin = load(spec.reference(c))(self) if spec.delay_stage else None
         self.W = np.array(self.model.params, copy=True)
         self.M = np.zeros_like(self.W)
         self.L = self.P = self.V = self.U = self.S = self.A = None
@@ -134,7 +139,6 @@ class Simulation:
 
     def step(self) -> list:
         """Run iteration ``t`` on every worker; return the workers' mean losses."""
-        c = self.cfg
         if self.stage == "warmup":
             out = [self._grad(r, self.W) for r in range(self.N)]
             self._global_update(self._mean(g for _, g in out))
@@ -144,70 +148,10 @@ class Simulation:
         else:
             m = self.t - self.T_w
             out = [self._grad(r, self.L[r]) for r in range(self.N)]
-            grads = [g for _, g in out]
-            if c.algo == "localsgd":
-                self._localsgd(grads, m)
-            elif c.comm == "step":
-                self._ssd_step(grads, m)
-            elif c.period_rule == "replay":
-                self._replay(grads, m)
-            elif c.period_rule == "delta-own":
-                self._delta_own(grads, m)
-            else:
-                raise NotImplementedError(f"period rule {c.period_rule!r} has no reference yet")
+            self.twin.step([g for _, g in out], m)
             self.t += 1
         self.losses = [loss for loss, _ in out]
         return self.losses
-
-    def _ssd_step(self, grads, m):
-        """5a: the server applies iteration t-1's mean gradient, then pull (m % k == 0), then GLU."""
-        if self.pending is not None:
-            self._global_update(self.pending)
-        self.pending = self._mean(grads)
-        if m % self.k == 0:
-            self.L = [self.W.copy() for _ in range(self.N)]
-        for r, g in enumerate(grads):
-            self._local_update(r, g, m)
-
-    def _replay(self, grads, m):
-        """5b gradient replay: accumulate; at a period end replay the previous period's average k times."""
-        for r, g in enumerate(grads):
-            self.A[r] = g.copy() if m % self.k == 0 else self.A[r] + g
-            self._local_update(r, g, m)
-        if (m + 1) % self.k == 0:
-            if self.pending is not None:
-                G = self.pending / self.k
-                for _ in range(self.k):
-                    self._global_update(G)
-            self.pending = self._mean(self.A)
-            self.L = [self.W.copy() for _ in range(self.N)]
-
-    def _delta_own(self, grads, m):
-        """docs/PERIOD_RULE.md 3, ``delta-own``: local momentum SGD; at a boundary W gets the previous
-        period's mean displacement and each worker restarts from W plus its own displacement."""
-        eta, lam, mu, mask = self.sched(self.t), self.lam, self.mu, self.mask
-        for r, g in enumerate(grads):
-            self.U[r] = mu * self.U[r] - eta * lam * mask * self.L[r] - eta * g
-            self.L[r] = self.L[r] + self.U[r]
-        if (m + 1) % self.k == 0:
-            changed = self.pending is not None
-            if changed:
-                self.W = self.W + self.pending
-                self.s += self.k
-            D = [self.L[r] - self.S[r] for r in range(self.N)]
-            if changed:
-                self.L = [self.W + D[r] for r in range(self.N)]
-            self.pending = self._mean(D)
-            self.S = [L.copy() for L in self.L]
-
-    def _localsgd(self, grads, m):
-        """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W."""
-        for r, g in enumerate(grads):
-            self._momentum_step(r, g)
-        if (m + 1) % self.k == 0:
-            self.W = self._mean(self.L)
-            self.L = [self.W.copy() for _ in range(self.N)]
-            self.s += self.k
 
     def accuracy(self, weights, x, y, batch_size: int = 1000) -> tuple[float, float]:
         """``(accuracy, mean loss)`` of ``weights`` (e.g. ``sim.W`` or ``sim.L[0]``) on ``(x, y)``.
@@ -230,44 +174,128 @@ class Simulation:
 
     def finalize(self):
         """The end of training (the MPI path's ``finalize``): what is in flight is applied to ``W``,
-        and a partial period's work too, as its period end would have applied it:
+        and a partial period's work too, as its period end would have applied it (each twin's
+        ``finalize``)."""
+        if self.stage == "delay":
+            self.twin.finalize((self.t - self.T_w) % self.k)   # iterations of the period not yet communicated
 
-        - ``delta-own``: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4);
-        - ``replay``, ``j`` iterations into a period: ``j`` global steps with ``mean_r A_r / j``;
-        - ``localsgd``: ``W <- mean_r L_r``, ``L <- W``.
-        """
-        c = self.cfg
-        if self.stage != "delay":
-            return
-        j = (self.t - self.T_w) % self.k          # iterations of the period not yet communicated
-        if c.algo == "localsgd":
-            if j:
-                self.W = self._mean(self.L)
-                self.L = [self.W.copy() for _ in range(self.N)]
-            return
-        self._apply_pending()
-        if c.comm == "period" and c.period_rule == "delta-own" and j:
-            self.W = self.W + self._mean([self.L[r] - self.S[r] for r in range(self.N)])
-            self.S = [L.copy() for L in self.L]
-        elif c.comm == "period" and c.period_rule == "replay" and j:
-            G = self._mean(self.A) / j
+
+# --- the delay stage of each algorithm and period rule: the twins the registry names ----------------
+
+class StepTwin:
+    """5a (``ssd --comm step``, ``odsgd``): the server applies iteration t-1's mean gradient, then the
+    pull (``m % k == 0``), then the local update (section 4)."""
+
+    def __init__(self, sim: Simulation):
+        self.sim = sim
+
+    def step(self, grads, m):
+        sim = self.sim
+        if sim.pending is not None:
+            sim._global_update(sim.pending)
+        sim.pending = sim._mean(grads)
+        if m % sim.k == 0:
+            sim.L = [sim.W.copy() for _ in range(sim.N)]
+        for r, g in enumerate(grads):
+            sim._local_update(r, g, m)
+
+    def apply_pending(self):
+        if self.sim.pending is not None:
+            self.sim._global_update(self.sim.pending)
+            self.sim.pending = None
+
+    def finalize(self, j):
+        self.apply_pending()
+
+
+class ReplayTwin(StepTwin):
+    """5b gradient replay: accumulate; at a period end replay the previous period's average k times;
+    at the end, ``j`` iterations into a period: ``j`` global steps with ``mean_r A_r / j``."""
+
+    def step(self, grads, m):
+        sim = self.sim
+        for r, g in enumerate(grads):
+            sim.A[r] = g.copy() if m % sim.k == 0 else sim.A[r] + g
+            sim._local_update(r, g, m)
+        if (m + 1) % sim.k == 0:
+            self.apply_pending()
+            sim.pending = sim._mean(sim.A)
+            sim.L = [sim.W.copy() for _ in range(sim.N)]
+
+    def apply_pending(self):
+        sim = self.sim
+        if sim.pending is not None:
+            G = sim.pending / sim.k
+            for _ in range(sim.k):
+                sim._global_update(G)
+            sim.pending = None
+
+    def finalize(self, j):
+        sim = self.sim
+        self.apply_pending()
+        if j:
+            G = sim._mean(sim.A) / j
             for _ in range(j):
-                self._global_update(G)
+                sim._global_update(G)
 
-    def _apply_pending(self):
-        if self.pending is None:
-            return
-        c = self.cfg
-        if c.comm == "step":
-            self._global_update(self.pending)
-        elif c.period_rule == "replay":
-            G = self.pending / self.k
-            for _ in range(self.k):
-                self._global_update(G)
-        elif c.period_rule == "delta-own":
-            self.W = self.W + self.pending
-            self.s += self.k
-        self.pending = None
+
+class DeltaOwnTwin(StepTwin):
+    """docs/PERIOD_RULE.md 3, ``delta-own``: local momentum SGD; at a boundary W gets the previous
+    period's mean displacement and each worker restarts from W plus its own displacement; at the end
+    ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4)."""
+
+    def local_step(self, grads):
+        sim = self.sim
+        eta, lam, mu, mask = sim.sched(sim.t), sim.lam, sim.mu, sim.mask
+        for r, g in enumerate(grads):
+            sim.U[r] = mu * sim.U[r] - eta * lam * mask * sim.L[r] - eta * g
+            sim.L[r] = sim.L[r] + sim.U[r]
+
+    def step(self, grads, m):
+        sim = self.sim
+        self.local_step(grads)
+        if (m + 1) % sim.k == 0:
+            changed = sim.pending is not None
+            self.apply_pending()
+            D = [sim.L[r] - sim.S[r] for r in range(sim.N)]
+            if changed:
+                sim.L = [sim.W + D[r] for r in range(sim.N)]
+            sim.pending = sim._mean(D)
+            sim.S = [L.copy() for L in sim.L]
+
+    def apply_pending(self):
+        sim = self.sim
+        if sim.pending is not None:
+            sim.W = sim.W + sim.pending
+            sim.s += sim.k
+            sim.pending = None
+
+    def finalize(self, j):
+        sim = self.sim
+        self.apply_pending()
+        if j:
+            sim.W = sim.W + sim._mean([sim.L[r] - sim.S[r] for r in range(sim.N)])
+            sim.S = [L.copy() for L in sim.L]
+
+
+class LocalSGDTwin(StepTwin):
+    """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W (and at the end,
+    mid-period)."""
+
+    def step(self, grads, m):
+        sim = self.sim
+        for r, g in enumerate(grads):
+            sim._momentum_step(r, g)
+        if (m + 1) % sim.k == 0:
+            sim.W = sim._mean(sim.L)
+            sim.L = [sim.W.copy() for _ in range(sim.N)]
+            sim.s += sim.k
+
+    def finalize(self, j):
+        sim = self.sim
+        if j:
+            sim.W = sim._mean(sim.L)
+            sim.L = [sim.W.copy() for _ in range(sim.N)]
 
 
 class ASGDSimulation:
@@ -385,10 +413,7 @@ def simulate(config, model_factory, batches, steps: int, world_size: int | None 
         if callable(batches):
             raise ValueError("world_size is required when batches is a callable")
         world_size = len(batches)
-    if config.algo == "asgd":
-        sim = ASGDSimulation(config, model_factory, batches, world_size)
-    else:
-        sim = Simulation(config, model_factory, batches, world_size)
+    sim = load(ALGORITHMS[config.algo].simulation)(config, model_factory, batches, world_size)
     for _ in range(int(steps)):
         sim.step()
         if callback is not None and callback(sim):

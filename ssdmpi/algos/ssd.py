@@ -7,7 +7,8 @@ the allreduce averages it over ranks, which gives ALGORITHM.md's ``G/(B*N)``.
 from __future__ import annotations
 
 from ssdmpi.algos.base import Algorithm
-from ssdmpi.algos.period import PERIOD_RULES
+from ssdmpi.algos.period import PeriodState
+from ssdmpi.algos.registry import RULES
 from ssdmpi.optim.local import make_local_update
 
 
@@ -29,7 +30,7 @@ class _SSDBase(Algorithm):
         self.local._plan.poll = self.poll
         self.local.begin(self.L)
 
-    def _local_lr(self, t: int) -> float:
+    def local_lr_at(self, t: int) -> float:
         """``eta_g(t)`` for global-momentum; for glu-paper/sgd ``eta_l``: ``local_lr * factor(t)``
         (the global schedule's shape at iteration t), or the explicit local schedule at ``m``."""
         if self.local is not None and self.local.uses_local_lr:
@@ -79,7 +80,7 @@ class SSDStep(_SSDBase):
         self._handle = pending
         if m % self.k == 0:
             self.L[...] = self.W
-        self.local.step(self.L, g, m, self._local_lr(self.t))
+        self.local.step(self.L, g, m, self.local_lr_at(self.t))
         return loss
 
     def _apply_inflight(self) -> None:
@@ -116,13 +117,18 @@ class SSDPeriod(_SSDBase):
 
     def __init__(self, config, model, communicator):
         self.rule = None
+        self.rule_spec = RULES[config.period_rule]
         super().__init__(config, model, communicator)
 
     def _begin_delay(self) -> None:
-        rule_cls = PERIOD_RULES[self.config.period_rule]
-        if rule_cls.uses_local_update:
+        if self.rule_spec.uses_local_update:
             self._make_local()
-        self.rule = rule_cls(self)
+        c = self.config
+        state = PeriodState(xp=self.xp, W=self.W, M=self.M, L=self.L, mask=self.mask, counts=self.counts, N=self.N,
+                            k=self.k, d=None, T_w=self.T_w, momentum=c.momentum, weight_decay=c.weight_decay,
+                            schedule=self.schedule, global_sgd=self.global_sgd, local=self.local,
+                            local_lr=self.local_lr_at, comm=self.comm, poll=self.poll)
+        self.rule = self.rule_spec.implementation(state)
         self.rule.begin()
 
     def _delay_step(self, x, y) -> float:
@@ -131,16 +137,16 @@ class SSDPeriod(_SSDBase):
         self.rule.step(self.model.grads, m)
         return loss
 
-    def _local_lr(self, t: int) -> float:
-        if self.rule is not None and not self.rule.uses_local_update:
+    def local_lr_at(self, t: int) -> float:
+        if self.rule is not None and not self.rule_spec.uses_local_update:
             return self.rule.local_lr(t)
-        return super()._local_lr(t)
+        return super().local_lr_at(t)
 
     @property
     def lr_global(self) -> float:
         """A rule without a local update (delta-own) steps only with ``eta_g(t)`` in the delay stage
         (``W`` gets displacements, no lr): that is the lr reported. Replay: ``eta_g(s)``."""
-        if self.rule is not None and not self.rule.uses_local_update:
+        if self.rule is not None and not self.rule_spec.uses_local_update:
             return self.rule.local_lr(self.t)
         return self.schedule(self.s)
 
@@ -165,7 +171,7 @@ class SSDPeriod(_SSDBase):
         state, merged = super().resized_state(ctx)
         if str(state.get("stage")) == "delay":
             k = int(state["auto.k"]) if self.auto else self.k
-            merged = PERIOD_RULES[self.config.period_rule].resized(state, k) or merged
+            merged = self.rule_spec.implementation.resized(state, k) or merged
         return state, merged
 
     def _load_delay_state(self, d: dict) -> None:

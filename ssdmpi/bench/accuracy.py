@@ -12,7 +12,9 @@ policy, so every variant of a row sees the same samples in the same order), then
 ``W``; ``delta-own`` folds its partial period in), then the accuracy of ``W`` on the whole
 test set. Model initialisation and data order use ``--seed``, identical for every variant.
 
-Variants (``--variants``, comma separated; ``k`` applies to all but ``ssgd``)::
+Variants (``--variants``, comma separated; every algorithm's and period rule's named
+configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algorithm takes
+``--delay``)::
 
     ssgd                    synchronous SGD (the reference of each row; no k)
     step/global-momentum    ssd --comm step --local-update global-momentum
@@ -20,6 +22,7 @@ Variants (``--variants``, comma separated; ``k`` applies to all but ``ssgd``)::
     step/sgd                ssd --comm step --local-update sgd       (local lr N * lr)
     period/delta-own        ssd --comm period --period-rule delta-own
     period/replay           ssd --comm period --period-rule replay --local-update global-momentum
+    odsgd                   ssd --comm step with k = 1 (no k)
     localsgd                blocking periodic averaging, local momentum
     asgd                    --algo asgd --servers 1 --asgd-order round-robin (no k): N workers
                             plus one parameter server, the server applying the N pushes of
@@ -41,23 +44,17 @@ import os
 import sys
 import time
 
+from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
 
 MODELS = ("mlp", "lenet5")
-VARIANTS = {
-    "ssgd": dict(algo="ssgd"),
-    "step/global-momentum": dict(algo="ssd", comm="step", local_update="global-momentum"),
-    "step/glu-paper": dict(algo="ssd", comm="step", local_update="glu-paper"),
-    "step/sgd": dict(algo="ssd", comm="step", local_update="sgd"),
-    "period/delta-own": dict(algo="ssd", comm="period", period_rule="delta-own"),
-    "period/replay": dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
-    "localsgd": dict(algo="localsgd"),
-    "asgd": dict(algo="asgd", servers=1, asgd_order="round-robin"),
-}
+# Every algorithm's named configurations (``ssdmpi/algos/registry.py``: a new rule adds ``period/<rule>``).
+VARIANTS = registry.variants()
 # Variants without a delay/period k: one configuration (k = 0) and one column per row.
-NO_DELAY = ("ssgd", "asgd")
+NO_DELAY = tuple(v for v, s in VARIANTS.items() if not registry.ALGORITHMS[s["algo"]].takes("delay"))
+BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]].baseline)   # ssgd
 DEFAULT_VARIANTS = ("ssgd", "step/global-momentum", "step/glu-paper", "step/sgd", "period/delta-own", "localsgd")
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
@@ -68,25 +65,28 @@ FIELDS = ("model", "N", "variant", "k") + SETTINGS + ("steps", "acc_W", "acc_W_n
 
 def add_arguments(parser) -> None:
     parser.add_argument("--models", default="mlp,lenet5", metavar="M1,M2",
-                        help="models (mlp = 784-256-10, lenet5; default mlp,lenet5)")
-    parser.add_argument("--ranks", default="2,4", metavar="N1,N2", help="simulated workers N (default 2,4)")
-    parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="delays/periods k (default 2,5,10)")
+                        help="models (mlp = 784-256-10, lenet5; default %(default)s)")
+    parser.add_argument("--ranks", default="2,4", metavar="N1,N2", help="simulated workers N (default %(default)s)")
+    parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="delays/periods k (default %(default)s)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="V1,V2",
-                        help=f"variants, from {', '.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
-    parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default fashion-mnist)")
+                        help=f"variants, from {', '.join(VARIANTS)} (default %(default)s)")
+    parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default %(default)s)")
     parser.add_argument("--data-path", default=None, metavar="PATH", help="dataset directory or file")
-    parser.add_argument("--lr", type=float, default=0.02, help="global learning rate, constant (default 0.02)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="momentum mu (default 0.9)")
-    parser.add_argument("--weight-decay", type=float, default=1e-4, help="weight decay lambda (default 1e-4)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default 32)")
+    parser.add_argument("--lr", type=float, default=0.02, help="global learning rate, constant (default %(default)s)")
+    parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
+                        help="momentum mu (default %(default)s, as ssdmpi train)")
+    parser.add_argument("--weight-decay", type=float, default=registry.SETTINGS["weight_decay"].default,
+                        help="weight decay lambda (default %(default)s, as ssdmpi train)")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default %(default)s)")
     parser.add_argument("--epochs", default=DEFAULT_EPOCHS, metavar="E|M=E,...",
-                        help=f"epochs, one number or per model (default {DEFAULT_EPOCHS}); fractions allowed")
+                        help="epochs, one number or per model (default %(default)s); fractions allowed")
     parser.add_argument("--warmup-steps", type=int, default=200, help="SSGD iterations before the delay stage "
-                        "(default 200)")
+                        "(default %(default)s)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on a fixed random subset of N training samples (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="model-initialisation and data-order seed (default 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel processes (default 1)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="configurations run in parallel processes (default %(default)s)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write DIR/results.csv and DIR/results.md")
     parser.add_argument("--resume", action="store_true",
                         help="with --out: keep DIR's results.csv and skip the configurations already in it")
@@ -230,7 +230,7 @@ def table(rows: list[dict], models, ranks, variants, delays) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model in models:
         for n in ranks:
-            ref = acc.get((model, n, "ssgd", 0))
+            ref = acc.get((model, n, BASELINE, 0))
             cells = [model, str(n)]
             for v, k in columns:
                 a = acc.get((model, n, v, k))
@@ -246,7 +246,7 @@ def table(rows: list[dict], models, ranks, variants, delays) -> str:
 
 def with_diffs(rows: list[dict]) -> list[dict]:
     """Each row plus ``diff_vs_ssgd`` (points; '' when the row's ssgd did not run)."""
-    ref = {(r["model"], int(r["N"])): float(r["acc_W"]) for r in rows if r["variant"] == "ssgd"}
+    ref = {(r["model"], int(r["N"])): float(r["acc_W"]) for r in rows if r["variant"] == BASELINE}
     out = []
     for r in rows:
         base = ref.get((r["model"], int(r["N"])))

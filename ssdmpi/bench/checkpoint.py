@@ -66,17 +66,18 @@ GOAL_STALL = 1.5
 def add_arguments(parser) -> None:
     parser.add_argument("--layouts", default="2,4,4x2", metavar="L1,L2",
                         help="rank layouts: N (N ranks here) or NODESxR (a namespaced cluster of NODES nodes, R "
-                             "ranks each; needs root) (default 2,4,4x2)")
-    parser.add_argument("--model", default="wide-mlp", help="model whose state is checkpointed (default wide-mlp)")
-    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds per layout, median (default 5)")
-    parser.add_argument("--plain-steps", type=int, default=6, help="baseline steps per round (default 6)")
+                             "ranks each; needs root) (default %(default)s)")
+    parser.add_argument("--model", default="wide-mlp", help="model whose state is checkpointed (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per layout, median (default %(default)s)")
+    parser.add_argument("--plain-steps", type=int, default=6, help="baseline steps per round (default %(default)s)")
     parser.add_argument("--max-steps", type=int, default=500,
-                        help="steps to wait for a background write before waiting for it outright (default 500)")
+                        help="steps to wait for a background write before waiting for it outright "
+                             "(default %(default)s)")
     parser.add_argument("--progress", default="auto", help="allreduce progress strategy (see ssdmpi train)")
     parser.add_argument("--out", metavar="DIR", help="results and scratch checkpoints (default runs/bench-checkpoint-"
                                                      "<timestamp>)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per layout (default 1800)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per layout (default %(default)s)")
     add_json(parser, "the result file (ssdmpi/bench/result.py)")
 
 

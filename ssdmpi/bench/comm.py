@@ -55,15 +55,17 @@ def _sizes(texts, flag: str = "--sizes") -> list:
 def add_arguments(parser) -> None:
     parser.add_argument("--sizes", action=CommaList, default=",".join(DEFAULT_SIZES), metavar="S1,S2",
                         help="buffer sizes for the bandwidth part, e.g. 64K,4M (default: 1K to 64M by 4x)")
-    parser.add_argument("--repeats", type=int, default=15, help="samples per variant and size (default 15)")
+    parser.add_argument("--repeats", type=int, default=15, help="samples per variant and size (default %(default)s)")
     parser.add_argument("--parts", action=CommaList, default=",".join(PARTS), metavar="P1,P2",
                         help=f"which parts to run, from {','.join(PARTS)} (default: all)")
     parser.add_argument("--overlap-size", default="16M", metavar="SIZE",
-                        help="buffer size for the overlap and control parts (default 16M)")
+                        help="buffer size for the overlap and control parts (default %(default)s)")
     parser.add_argument("--compute-ratio", type=float, default=1.2,
-                        help="compute time as a multiple of the allreduce time in the overlap part (default 1.2)")
+                        help="compute time as a multiple of the allreduce time in the overlap part "
+                             "(default %(default)s)")
     parser.add_argument("--pieces", type=int, default=10,
-                        help="the compute is cut into this many pieces with progress() between them (default 10)")
+                        help="the compute is cut into this many pieces with progress() between them "
+                             "(default %(default)s)")
     parser.add_argument("--strategies", action=CommaList, default=",".join(STRATEGIES), metavar="S1,S2",
                         help=f"progress strategies to compare, from {','.join(STRATEGIES)} (default: all of them)")
     add_json(parser, "the result (one document)", legacy_switch=True)

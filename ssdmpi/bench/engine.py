@@ -42,13 +42,13 @@ LR = 0.01
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", choices=sorted(SETUPS), default="mlp",
-                        help="mlp (784-512-512-10), lenet5 (28x28x1) or resnet20 (32x32x3); default mlp")
+                        help="mlp (784-512-512-10), lenet5 (28x28x1) or resnet20 (32x32x3); default %(default)s")
     batch = parser.add_argument("--batch-size", type=int, default=None,
                                 help="batch size (default: 128 mlp, 64 lenet5, 128 resnet20)")
     deprecated_alias(parser, "--batch", batch)
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed steps per engine (default: 30 mlp/lenet5, 7 resnet20)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first (default 2)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first (default %(default)s)")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory step")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     add_json(parser, "the result (one object)", legacy_switch=True)

@@ -47,7 +47,7 @@ import os
 import time
 from pathlib import Path
 
-from ssdmpi.algos.config import DEFAULT_COMM, DEFAULT_DELAY
+from ssdmpi.algos import registry
 from ssdmpi.bench.result import command_line
 from ssdmpi.bench.stats import median
 from ssdmpi.bench.train import (
@@ -72,6 +72,7 @@ from ssdmpi.metrics import atomic_write
 
 DEFAULT_VARIANTS = "ddp,ddp:1,postlocal:5,ssgd,ssgd:no-overlap,ssd,localsgd:5"
 PEER = "ssdmpi.bench.torch_peer"
+DEFAULT_ALGO = registry.SETTINGS["algo"].default   # ``ssd`` in --variants: ssdmpi train's default
 PROGRESS = ("test", "poll", "thread", "blocking")
 NO_OVERLAP_BUCKET = "1G"     # larger than any model here: one bucket, the blocking allreduce
 WARMUP_ROUNDS = 2            # untimed passes of each engine before the compute probe's timed ones
@@ -114,8 +115,9 @@ def parse_peer_variant(spec: str) -> Variant:
             if progress:
                 raise ValueError(progress)
             return _torch_variant(parts)
-        if base == "ssd":     # the default schedule and k, spelt out (the tables' bounds need them)
-            v = Variant("ssd", "ssd", comm=DEFAULT_COMM, k=DEFAULT_DELAY)
+        if base == DEFAULT_ALGO:     # its default settings spelt out (the tables' bounds need them)
+            spec = registry.algorithm(base)
+            v = Variant(base, base, {k: registry.SETTINGS[k].default for k in spec.bench})
         elif base == "ssgd:no-overlap":
             v = Variant("ssgd-no-overlap", "ssgd", extra=("--bucket-size", NO_OVERLAP_BUCKET))
         else:
@@ -140,7 +142,7 @@ def _torch_variant(parts: list) -> Variant:
         mb = int(parts[1])
         return Variant(f"ddp-b{mb}", "ssgd", extra=("--bucket-size", f"{mb}M"), program=(PEER, "--peer", "ddp"))
     if parts[0] == "postlocal" and len(parts) == 2 and int(parts[1]) >= 1:
-        return Variant(f"postlocal-k{int(parts[1])}", "localsgd", k=int(parts[1]),
+        return Variant(f"postlocal-k{int(parts[1])}", "localsgd", {"delay": int(parts[1])},
                        program=(PEER, "--peer", "postlocal"))
     raise ValueError(parts)
 
@@ -192,7 +194,7 @@ def add_overlap_bounds(rows, variants, probe) -> list:
     out = []
     for row in rows:
         v = by_name.get(row["name"])
-        if v is None or not v.by_ssdmpi or v.algo != "ssgd" or row.get("fb_ms") is None:
+        if v is None or not v.by_ssdmpi or not v.spec.baseline or row.get("fb_ms") is None:
             continue
         fwd, bwd, update, T = share * row["fb_ms"], (1 - share) * row["fb_ms"], row.get("update_ms") or 0.0, \
             blocking["inflight_ms"]
@@ -333,7 +335,8 @@ def add_arguments(parser) -> None:
                              "train variant; an ssdmpi one may end in @PROGRESS (test|poll|thread|blocking) "
                              f"(default {DEFAULT_VARIANTS})")
     parser.add_argument("--probe-repeats", type=int, default=5, metavar="N",
-                        help="timed forward/backward passes of the compute probe per engine (0: no probe; default 5)")
+                        help="timed forward/backward passes of the compute probe per engine (0: no probe; default "
+                             "%(default)s)")
 
 
 def run(args) -> int:

@@ -385,9 +385,9 @@ def render(results_dir: Path, out_dir: Path) -> str:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--results", default="docs/results", metavar="DIR",
-                        help="the entries and the page template (default docs/results)")
+                        help="the entries and the page template (default %(default)s)")
     parser.add_argument("--out", default="BENCHMARKS.md", metavar="FILE",
-                        help="the page to write; '-' prints it (default BENCHMARKS.md)")
+                        help="the page to write; '-' prints it (default %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when --out differs from the render of the data")
 

@@ -36,10 +36,10 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ranks", default="2,4", help="rank counts, comma-separated (default: 2,4)")
-    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs per rank count (default: 3)")
+    parser.add_argument("--ranks", default="2,4", help="rank counts, comma-separated (default: %(default)s)")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs per rank count (default: %(default)s)")
     parser.add_argument("--preset", default="fashion-mnist-lenet5", help="training preset (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=150, help="training steps per run (default: 150)")
+    parser.add_argument("--steps", type=int, default=150, help="training steps per run (default: %(default)s)")
     parser.add_argument("--mpiexec", default=None, help="launcher (default: the one next to this Python)")
     parser.add_argument("--unlimited-runs", type=int, default=0, metavar="N",
                         help="also N runs per rank count with one thread per CPU in every rank (default: 0)")

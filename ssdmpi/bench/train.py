@@ -61,9 +61,12 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from argparse import ArgumentTypeError
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
+from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import deprecated_alias
 from ssdmpi.bench.launch import (
@@ -77,6 +80,7 @@ from ssdmpi.bench.launch import (
     node_ranks,
     run_bounded,
 )
+from ssdmpi.bench.model.alphabeta import PATTERNS, predict_step
 from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
@@ -109,79 +113,87 @@ COLUMNS = (
 
 @dataclass
 class Variant:
-    """One training configuration: a name and the ``ssdmpi train`` flags that make it."""
+    """One training configuration: a name, its algorithm and the settings its ``ssdmpi train`` flags give
+    (``bench train`` variant ``ssd:period:5`` is ``ssd`` with ``comm: period, delay: 5``)."""
 
     name: str
     algo: str
-    comm: str | None = None
-    k: int | str | None = None   # "auto": --delay auto
-    servers: int | None = None     # asgd: parameter-server ranks, on top of the workers
-    delay_max: int | None = None   # --delay-max of an auto variant
+    settings: dict = field(default_factory=dict)
     extra: tuple = ()              # more flags of its own (e.g. --progress thread)
     program: tuple = ("ssdmpi", "train")   # python -m PROGRAM (bench peers: its PyTorch peers)
+
+    @property
+    def spec(self):
+        return registry.algorithm(self.algo)
 
     @property
     def by_ssdmpi(self) -> bool:
         """Trained by ``ssdmpi train`` (not by a peer that takes its flags)."""
         return self.program == ("ssdmpi", "train")
 
+    @property
+    def comm(self):
+        return self.settings.get("comm")
+
+    @property
+    def k(self):
+        """The delay k, given or fixed by the algorithm (``"auto"``: --delay auto), or None."""
+        return self.settings.get("delay", self.spec.fixed.get("delay"))
+
+    @property
+    def servers(self):
+        """asgd: parameter-server ranks, on top of the workers."""
+        return self.settings.get("servers")
+
     def train_flags(self) -> list:
-        flags = ["--algo", self.algo]
-        if self.servers is not None:
-            flags += ["--servers", str(self.servers)]
-        if self.comm:
-            flags += ["--comm", self.comm]
-        if self.k is not None and self.algo in ("ssd", "localsgd"):
-            flags += ["--delay", str(self.k)]
-        if self.delay_max is not None:
-            flags += ["--delay-max", str(self.delay_max)]
-        return flags + list(self.extra)
+        return ["--algo", self.algo] + [part for name, value in self.settings.items()
+                                        for part in (f"--{registry.SETTINGS[name].flag}", str(value))] \
+            + list(self.extra)
 
 
-def parse_variant(spec: str) -> Variant:
-    """``ssgd`` | ``odsgd`` | ``ssd:period:K`` | ``ssd:step:K`` | ``localsgd:K`` -> ``Variant``
-    (``K`` a positive integer, or ``auto`` for ssd: ``--delay auto``; ``auto:M``: with ``--delay-max M``)."""
-    parts = spec.strip().split(":")
+def parse_variant(text: str) -> Variant:
+    """``NAME[:V1[:V2]]`` -> ``Variant``: an algorithm and the values of its ``bench`` settings, in
+    order (``ssd:period:5``, ``localsgd:5``, ``asgd:2``; those past ``bench_required`` may be left
+    out: their defaults), then, after
+    ``auto``, the ``--delay-max`` (``ssd:period:auto:8``) or a setting by its tag (``d2``). The name
+    joins the algorithm and each value's tag: ``ssd-period-k5``, ``ssd-period-kauto-max8``."""
+    name, *parts = text.strip().split(":")
+    spec, given = registry.find(name), {}
     try:
-        if parts == ["ssgd"]:
-            return Variant("ssgd", "ssgd")
-        if parts == ["odsgd"]:
-            return Variant("odsgd", "odsgd", k=1)
-        if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and parts[2] == "auto":
-            return Variant(f"ssd-{parts[1]}-kauto", "ssd", comm=parts[1], k="auto")   # --delay auto
-        if parts[0] == "ssd" and len(parts) == 4 and parts[1] in ("period", "step") and parts[2] == "auto" \
-                and int(parts[3]) >= 1:
-            return Variant(f"ssd-{parts[1]}-kauto-max{int(parts[3])}", "ssd", comm=parts[1], k="auto",
-                           delay_max=int(parts[3]))
-        if parts[0] == "ssd" and len(parts) == 3 and parts[1] in ("period", "step") and int(parts[2]) >= 1:
-            return Variant(f"ssd-{parts[1]}-k{int(parts[2])}", "ssd", comm=parts[1], k=int(parts[2]))
-        if parts[0] == "localsgd" and len(parts) == 2 and int(parts[1]) >= 1:
-            return Variant(f"localsgd-k{int(parts[1])}", "localsgd", k=int(parts[1]))
-        if parts[0] == "asgd" and len(parts) <= 2:
-            return asgd_variant(parts)
-    except ValueError:
-        pass
-    raise UserError(f"--variants: {spec!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K, "
-                    "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto or auto:M, M the "
-                    "--delay-max; S servers)")
+        if spec is None:
+            raise ValueError(text)
+        required = len(spec.bench) if spec.bench_required is None else spec.bench_required
+        if not required <= len(parts) <= len(spec.bench) + 1:
+            raise ValueError(text)
+        for i, part in enumerate(parts):
+            key = spec.bench[i] if i < len(spec.bench) else "delay_max" if given.get("delay") == "auto" \
+                else _tagged(spec, part)
+            s = registry.SETTINGS[key]
+            part = part.removeprefix(s.bench_tag.split("{")[0]) if key not in spec.bench + ("delay_max",) else part
+            given[key] = s.type(part) if s.type else part
+        registry.resolve({"algo": name, "warmup_steps": None, **given})    # what the run would refuse
+    except (ValueError, UserError, ArgumentTypeError):
+        raise UserError(f"--variants: {text!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K, "
+                        "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto or auto:M, M the "
+                        "--delay-max; S servers)") from None
+    settings = {k: given.get(k, registry.SETTINGS[k].default) for k in spec.bench} | given
+    tags = [registry.SETTINGS[k].bench_tag.format(v) for k, v in settings.items()]
+    return Variant("-".join([name] + tags), name, settings)
 
 
-def asgd_variant(parts: list) -> Variant:
-    """``asgd`` (1 server) | ``asgd:S`` -> the asgd Variant (``ValueError`` on a bad S)."""
-    servers = int(parts[1]) if len(parts) == 2 else 1
-    if servers < 1:
-        raise ValueError(servers)
-    return Variant(f"asgd-s{servers}", "asgd", servers=servers)
+def _tagged(spec, part: str) -> str:
+    """The setting of ``spec`` whose ``bench_tag`` prefixes ``part`` (``d2``: ``d{}``)."""
+    for key in spec.settings:
+        prefix = (registry.SETTINGS[key].bench_tag or "{").split("{")[0]
+        if prefix and key not in spec.bench and part.startswith(prefix):
+            return key
+    raise ValueError(part)
 
 
 def default_variants(ks) -> list:
     """ssgd, then ssd period and step for every k, odsgd, and localsgd for every k."""
-    out = [Variant("ssgd", "ssgd")]
-    out += [parse_variant(f"ssd:period:{k}") for k in ks]
-    out += [parse_variant(f"ssd:step:{k}") for k in ks]
-    out.append(parse_variant("odsgd"))
-    out += [parse_variant(f"localsgd:{k}") for k in ks]
-    return out
+    return [parse_variant(v) for v in ["ssgd", *(f"ssd:period:{k}" for k in ks), *(f"ssd:step:{k}" for k in ks),
+                                       "odsgd", *(f"localsgd:{k}" for k in ks)]]
 
 
 def subset_path(args) -> Path:
@@ -298,7 +310,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
         rows.append(row)
-        if v.algo == "ssgd" and v.by_ssdmpi and base is None:
+        if v.spec.baseline and v.by_ssdmpi and base is None:
             base = m
     target = base["final_acc"] - target_drop if base and base["final_acc"] is not None else None
     for row in rows:
@@ -360,16 +372,9 @@ def breakdown_ms(m: dict) -> dict:
 
 
 def _pattern(v: Variant):
-    """``(kind, k)`` of ``bench model``'s step model for a variant, or None (no model for it)."""
-    if not v.by_ssdmpi:
-        return None
-    if v.algo == "ssgd":
-        return "ssgd", 1
-    if v.algo in ("ssd", "odsgd"):
-        return ("period", v.k) if v.comm == "period" else ("step", 1)
-    if v.algo == "localsgd":
-        return "localsgd", v.k
-    return None
+    """``(kind, k)`` of ``bench model``'s step model for a variant (the algorithm's ``pattern``), or None
+    (no model for it: a peer's)."""
+    return v.spec.pattern(SimpleNamespace(comm=v.comm, delay=v.k)) if v.by_ssdmpi else None
 
 
 def add_bounds(rows, variants, base) -> None:
@@ -381,8 +386,6 @@ def add_bounds(rows, variants, base) -> None:
       compute per step as ``c_busy`` and its own allreduce time in flight as ``T_busy``;
     - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound).
     """
-    from ssdmpi.bench.model.alphabeta import predict_step
-
     if base is None or not base.get("compute_s") or not base.get("inflight_s"):
         return
     c, T = base["compute_s"], base["inflight_s"]
@@ -394,7 +397,7 @@ def add_bounds(rows, variants, base) -> None:
             continue
         kind, k = pattern
         row["bound"] = (c + T) / predict_step(kind, c, T, k)
-        per_allreduce = k if kind == "period" else 1         # a period run sends once every k steps
+        per_allreduce = k if PATTERNS[kind].periodic else 1     # a period run sends once every k steps
         c_busy = None if row.get("compute_ms") is None else row["compute_ms"] / 1e3
         t_busy = None if row.get("inflight_ms") is None else row["inflight_ms"] / 1e3 * per_allreduce
         row["allreduce_ms"] = None if t_busy is None else 1e3 * t_busy
@@ -415,7 +418,8 @@ def breakdown_table(rows, base_note: str = "") -> str:
 def bound_note(rows) -> str:
     """One line naming ssgd's measured ``c`` and ``T`` the bounds come from."""
     for row in rows:
-        if row.get("algo") == "ssgd" and row.get("compute_ms") is not None and row.get("inflight_ms") is not None:
+        spec = registry.find(row.get("algo"))
+        if spec and spec.baseline and row.get("compute_ms") is not None and row.get("inflight_ms") is not None:
             c, T = row["compute_ms"], row["inflight_ms"]
             return (f"Bounds from ssgd's measured compute c = {c:.1f} ms and allreduce T = {T:.1f} ms per step "
                     f"(ssd period k: (c + T) / max(c, T/k); contention model: ssdmpi bench model's, with each "
@@ -492,7 +496,7 @@ def _delays(text: str) -> list:
 def add_arguments(parser) -> None:
     add_run_arguments(parser, "train")
     delays = parser.add_argument("--delays", default="5", metavar="K1,K2",
-                                 help="delays/periods k for the default variants (default 5)")
+                                 help="delays/periods k for the default variants (default %(default)s)")
     deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
@@ -508,29 +512,30 @@ def add_run_arguments(parser, kind: str) -> None:
                              f"default runs/bench-{kind}-<timestamp>")
     parser.add_argument("--net", default="1gbit", metavar="RATE|none",
                         help="network rate inside a private namespace (tc tbf), e.g. 1gbit, 100mbit; "
-                             "'none': shared memory, no namespace (default 1gbit)")
+                             "'none': shared memory, no namespace (default %(default)s)")
     parser.add_argument("--ranks", type=int, default=None,
                         help="MPI ranks per run (default 2; asgd's servers come on top)")
     add_node_arguments(parser)
-    parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default fashion-mnist)")
+    parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default %(default)s)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "
                              "the whole test split is kept), for short epochs")
     parser.add_argument("--model", default="wide-mlp",
-                        help="model of every run (default wide-mlp: 20 M parameters, communication-bound at 1 Gbit/s)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
+                        help="model of every run (default %(default)s: 20 M parameters, communication-bound at "
+                             "1 Gbit/s)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per run (default %(default)s)")
     parser.add_argument("--steps", type=int, default=None, help="iterations per run (overrides --epochs)")
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank (default 32)")
-    parser.add_argument("--lr", type=float, default=0.05, help="global learning rate (default 0.05)")
-    parser.add_argument("--warmup-steps", type=int, default=20, help="SSGD warm-up iterations (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank (default %(default)s)")
+    parser.add_argument("--lr", type=float, default=0.05, help="global learning rate (default %(default)s)")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="SSGD warm-up iterations (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default %(default)s)")
     parser.add_argument("--train-args", default="", metavar="'FLAGS'",
                         help="more 'ssdmpi train' flags for every run, quoted, e.g. '--log-every 5'")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="repeat the variant list R times, interleaved (default 1)")
+                        help="repeat the variant list R times, interleaved (default %(default)s)")
     parser.add_argument("--target-drop", type=float, default=0.5, metavar="POINTS",
-                        help="target accuracy = ssgd's final minus this many points (default 0.5)")
-    parser.add_argument("--timeout", type=float, default=3600, metavar="SEC", help="per run (default 3600)")
+                        help="target accuracy = ssgd's final minus this many points (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=3600, metavar="SEC", help="per run (default %(default)s)")
     parser.add_argument("--reuse", action="store_true", help="parse existing run directories instead of re-running")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
 

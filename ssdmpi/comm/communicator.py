@@ -3,7 +3,7 @@
 Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` touches MPI):
 
 - ``Communicator(comm=None, progress="auto", transport="auto", bucket_bytes=None,
-  stall_timeout=300.0)`` duplicates ``comm`` (an mpi4py communicator, default COMM_WORLD)
+  stall_timeout=STALL_TIMEOUT_S)`` duplicates ``comm`` (an mpi4py communicator, default COMM_WORLD)
   three times, privately: one carries gradient/weight traffic, one control traffic
   (metrics, agreement, checkpoints), so control traffic never interleaves with an
   outstanding request, and one is the stall watchdog's (``stall_timeout=None`` or 0
@@ -46,7 +46,7 @@ from ssdmpi.comm.operations import Operations
 from ssdmpi.comm.p2p import PointToPoint
 from ssdmpi.comm.stats import CommStats
 from ssdmpi.comm.transport import Transport
-from ssdmpi.comm.watchdog import StallWatchdog
+from ssdmpi.comm.watchdog import STALL_TIMEOUT_S, StallWatchdog
 from ssdmpi.errors import UserError
 
 
@@ -61,7 +61,7 @@ class Communicator:
     """
 
     def __init__(self, comm=None, progress: str = "auto", transport: str = "auto", bucket_bytes=None,
-                 stall_timeout: float | None = 300.0, streams=None):
+                 stall_timeout: float | None = STALL_TIMEOUT_S, streams=None):
         MPI = self._MPI = load_mpi()
         strategy = progress_strategies.resolve(progress, backend.device())
         if bucket_bytes is not None and int(bucket_bytes) <= 0:

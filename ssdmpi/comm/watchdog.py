@@ -26,6 +26,8 @@ import time
 from ssdmpi.comm.abort import abort_job
 from ssdmpi.comm.mpi_env import load_mpi
 
+STALL_TIMEOUT_S = 300.0   # the default: seconds one wait may take before the job is aborted
+
 QUERY_TAG, REPLY_TAG = 1, 2
 
 

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from ssdmpi import backend
+from ssdmpi.algos import registry
 from ssdmpi.gpucheck.report import PartLog
 
 MODEL_CASES = (("mlp", (1, 28, 28), {"widths": (64, 32)}), ("lenet5", (1, 28, 28), {}),
@@ -209,7 +210,7 @@ def training(log: PartLog, cupy, work: str, steps: int = 300) -> None:
         learned = last is not None and last.get("loss") is not None and last["loss"] < 1.5 and (acc or 0) >= 0.8
         log.check(f"train {algo}: exits 0 and learns", rc == 0 and learned, value=results[algo],
                   goal="exit 0, last loss < 1.5, test acc >= 0.8", detail=f"exit {rc}; {' '.join(cmd)}")
-        if algo == "ssd" and last is not None:
+        if registry.ALGORITHMS[algo].delay_stage and last is not None:
             breakdown = {k: last.get(k) for k in ("step_s", "compute_s", "inflight_s", "wait_s", "overlap")}
             log.note("ssd per-step breakdown (last interval, means over ranks): "
                      + ", ".join(f"{k} {v:.4g}" for k, v in breakdown.items() if isinstance(v, (int, float))))

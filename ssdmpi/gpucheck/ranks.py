@@ -23,20 +23,15 @@ import time
 import numpy as np
 
 from ssdmpi import backend
+from ssdmpi.algos import registry
 from ssdmpi.comm import mpi_env, world
 from ssdmpi.gpucheck.report import PartLog
 
 F, CLASSES, B = 10, 3, 4
-CONFIGS = (
-    dict(algo="ssgd"),
-    dict(algo="ssd", comm="step", delay=2, local_update="global-momentum"),
-    dict(algo="ssd", comm="step", delay=2, local_update="glu-paper"),
-    dict(algo="ssd", comm="step", delay=2, local_update="sgd"),
-    dict(algo="ssd", comm="period", period_rule="replay", delay=3),
-    dict(algo="ssd", comm="period", period_rule="delta-own", delay=3),
-    dict(algo="odsgd"),
-    dict(algo="localsgd", delay=3),
-)
+# Every algorithm's named configurations (the registry's), at k = 3 where they take one; asgd has its
+# own comparison (``compare_asgd``: a server rank and a worker rank).
+CONFIGS = tuple(dict(s, **({"delay": 3} if registry.ALGORITHMS[s["algo"]].takes("delay") else {}))
+                for s in registry.variants().values() if not registry.ALGORITHMS[s["algo"]].takes("servers"))
 
 
 def tiny_mlp(xp, dtype):

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from ssdmpi.optim.sgd import array_module
 
-LOCAL_UPDATES = ("global-momentum", "glu-paper", "sgd")
-
 
 class LocalUpdate:
     """Shared set-up of the rules: masked weight decay and the fused-update plan; no state by default."""
@@ -136,3 +134,7 @@ def make_local_update(name: str, *, M, world_size: int, delay: int, momentum: fl
     if name == "sgd":
         return PlainLocalSGD(world_size, weight_decay, decay_mask)
     raise ValueError(f"unknown local update {name!r}")
+
+
+LOCAL_UPDATES = ("global-momentum", "glu-paper", "sgd")
+LOCAL_LR_UPDATES = tuple(c.name for c in (GlobalMomentumLocal, GLUPaper, PlainLocalSGD) if c.uses_local_lr)

@@ -111,3 +111,53 @@ class LRSchedule:
         if "milestones" in options:
             options["milestones"] = tuple(int(m) for m in options["milestones"])
         return cls(base_lr=float(base_lr), **options)
+
+
+def parse_schedule(spec: str, flag: str = "lr-schedule") -> tuple[str, dict]:
+    """``(kind, options)`` of a schedule string; ``UserError`` if malformed.
+
+    ``constant`` | ``step:EVERY[:GAMMA]`` | ``multistep:E1,E2,...[:GAMMA]`` | ``cosine`` |
+    ``poly[:POWER]``. Epoch counts are in epochs of the schedule's own counter (global
+    steps for the global lr, local updates for the local lr). GAMMA defaults to 0.1,
+    POWER to 2.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise UserError(f"--{flag} must be a string like constant, multistep:80,120 or cosine; got {spec!r}")
+    kind, *rest = spec.split(":")
+    try:
+        if kind in ("constant", "cosine") and not rest:
+            return kind, {}
+        if kind == "poly" and len(rest) <= 1:
+            power = float(rest[0]) if rest else 2.0
+            if not power > 0:
+                raise ValueError
+            return kind, {"power": power}
+        if kind == "step" and 1 <= len(rest) <= 2:
+            every = float(rest[0])
+            gamma = float(rest[1]) if len(rest) > 1 else 0.1
+            if not (every > 0 and 0 < gamma):
+                raise ValueError
+            return kind, {"every": every, "gamma": gamma}
+        if kind == "multistep" and 1 <= len(rest) <= 2:
+            milestones = [float(m) for m in rest[0].split(",")]
+            gamma = float(rest[1]) if len(rest) > 1 else 0.1
+            if not milestones or any(m <= 0 for m in milestones) or milestones != sorted(milestones) or not gamma > 0:
+                raise ValueError
+            return kind, {"milestones": milestones, "gamma": gamma}
+    except ValueError:
+        pass
+    raise UserError(f"--{flag} {spec!r} is not understood; use constant, step:EVERY[:GAMMA], "
+                    "multistep:E1,E2[:GAMMA], cosine or poly[:POWER] (epochs)")
+
+
+def schedule_in_steps(spec: str, steps_per_epoch: int, flag: str = "lr-schedule") -> dict:
+    """A schedule string (epochs) as ``AlgoConfig``'s dict in steps: ``{"kind", "every"/"milestones", ...}``."""
+    kind, options = parse_schedule(spec, flag)
+    out = {"kind": kind}
+    if kind == "step":
+        out.update(every=max(1, round(options["every"] * steps_per_epoch)), gamma=options["gamma"])
+    elif kind == "multistep":
+        out.update(milestones=[round(m * steps_per_epoch) for m in options["milestones"]], gamma=options["gamma"])
+    elif kind == "poly":
+        out["power"] = options["power"]
+    return out

@@ -106,7 +106,7 @@ def test_shards_cover_the_buffer_and_pairwise_sum_order():
 
 @pytest.mark.parametrize("settings, match", [
     (dict(servers=2), "needs at least 3 ranks"),
-    (dict(servers=0), "--servers must be an integer >= 1"),
+    (dict(servers=0), "--servers must be a positive integer"),
     (dict(asgd_order="random"), "asgd-order"),
     (dict(delay=5), "--delay does not apply to --algo asgd"),
     (dict(asgd_rate="inverse"), "asgd-rate"),

@@ -304,14 +304,14 @@ def test_delay_max_resolves_to_the_range_with_auto_and_is_refused_without_it():
     assert AlgoConfig(delay=5, warmup_steps=50).validate(world_size=2).delay_max is None
     for settings, words in [(dict(delay=5), "applies only to --delay auto"), (dict(), "applies only to --delay auto"),
                             (dict(delay="auto", algo="asgd"), "does not apply to --algo asgd"),
-                            (dict(delay="auto"), "integer >= 1")]:
+                            (dict(delay="auto"), "positive integer")]:
         with pytest.raises(UserError, match=words):
-            AlgoConfig(delay_max=0 if words == "integer >= 1" else 5, warmup_steps=50,
+            AlgoConfig(delay_max=0 if words == "positive integer" else 5, warmup_steps=50,
                        **settings).validate(world_size=2)
 
 
 def test_other_strings_are_still_refused():
-    with pytest.raises(UserError, match="integer >= 1"):
+    with pytest.raises(UserError, match="positive integer or auto"):
         AlgoConfig(delay="fast", warmup_steps=50).validate(world_size=2)
 
 
@@ -342,8 +342,9 @@ def test_bench_train_knows_the_auto_variant():
     assert (v.name, v.train_flags()) == ("ssd-period-kauto-max5", ["--algo", "ssd", "--comm", "period", "--delay",
                                                                    "auto", "--delay-max", "5"])
     assert parse_variant("ssd:step:auto").train_flags()[-2:] == ["--delay", "auto"]
+    assert parse_variant("localsgd:auto").train_flags() == ["--algo", "localsgd", "--delay", "auto"]
     with pytest.raises(UserError, match="ssd also takes auto"):
-        parse_variant("localsgd:auto")
+        parse_variant("asgd:auto")
 
 
 def test_summary_text_names_the_chosen_k():

@@ -6,6 +6,7 @@ import pytest
 
 from ssdmpi import config
 from ssdmpi.errors import UserError
+from ssdmpi.optim.schedules import schedule_in_steps
 
 
 def resolve(*argv):
@@ -36,7 +37,7 @@ def test_cifar10_preset_schedules_are_converted_from_epochs_to_steps():
     ("multistep:1.5,3", {"kind": "multistep", "milestones": [15, 30], "gamma": 0.1}),
 ])
 def test_schedule_in_steps(spec, expected):
-    assert config.schedule_in_steps(spec, steps_per_epoch=10) == expected
+    assert schedule_in_steps(spec, steps_per_epoch=10) == expected
 
 
 def test_preset_algorithm_settings_that_do_not_apply_are_dropped():

@@ -12,15 +12,27 @@ import pytest
 import yaml
 
 from ssdmpi import config
-from ssdmpi.algos.config import ALGOS, AlgoConfig
-from ssdmpi.errors import UserError
 from ssdmpi.run_setup import print_config
 from tests.conftest import ROOT, run_cli
 
-# A valid value of each algorithm setting: giving it to an algorithm that does not use it is an error.
-SAMPLE = {"delay": 1, "comm": "step", "period_rule": "delta-own", "local_update": "global-momentum",
-          "local_lr": 0.1, "local_lr_schedule": "constant", "glu_divisor": 12.0, "servers": 1,
-          "asgd_order": "arrival"}
+ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")
+# What --print-config shows for each algorithm's settings (the default preset, nothing else given),
+# as documented (docs/ALGORITHM.md): a value (the algorithm's default, recorded in config.yaml), a
+# "default: ..." comment (a default the run decides), or "only with ..." (the run does not use it).
+NOT = "not used by this run (only with "
+EXPECTED = {
+    "ssgd": {"delay": NOT + "--algo ssd, odsgd or localsgd)", "comm": NOT + "--algo ssd or odsgd)",
+             "period_rule": NOT + "--algo ssd --comm period)", "local_update": NOT + "--comm step or --period-rule "
+             "replay)", "glu_divisor": NOT + "--local-update glu-paper)", "servers": NOT + "--algo asgd)"},
+    "ssd": {"delay": 5, "comm": "period", "period_rule": "delta-own", "delay_max": NOT + "--delay auto)",
+            "local_lr": NOT + "--local-update glu-paper or sgd)", "asgd_order": NOT + "--algo asgd)"},
+    "odsgd": {"delay": 1, "comm": "step", "local_update": "global-momentum", "period_rule": NOT + "--algo ssd --comm "
+              "period)", "glu_divisor": NOT + "--local-update glu-paper)"},
+    "localsgd": {"delay": 5, "comm": NOT + "--algo ssd or odsgd)", "local_update": NOT + "--comm step or "
+                 "--period-rule replay)", "servers": NOT + "--algo asgd)"},
+    "asgd": {"servers": 1, "asgd_order": "arrival", "delay": NOT + "--algo ssd, odsgd or localsgd)",
+             "local_lr": NOT + "--local-update glu-paper or sgd)"},
+}
 
 
 def parse(*argv):
@@ -33,31 +45,44 @@ def printed(capsys, *argv) -> tuple[dict, dict]:
     """``(settings, {key: comment})`` of ``ssdmpi train --print-config ARGV``, run in process."""
     assert print_config(parse("--print-config", *argv)) == 0
     text = capsys.readouterr().out
-    comments = {m.group(1): m.group(2) for m in re.finditer(r"^(\w+): null +# (.*)$", text, re.M)}
+    comments = {m.group(1): m.group(2) for m in re.finditer(r"^(\w+): .* +# (.*)$", text, re.M)}
     return yaml.safe_load(text), comments
-
-
-def used_by(algo: str, key: str) -> bool:
-    """Whether the run accepts ``key`` given explicitly with ``--algo algo`` (the run's own check)."""
-    try:
-        AlgoConfig(algo=algo, **{key: SAMPLE[key]}).validate(4)
-        return True
-    except UserError:
-        return False
 
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_each_algorithm_setting_shows_its_value_for_the_algo_or_that_the_algo_does_not_use_it(capsys, algo):
     settings, comments = printed(capsys, "--algo", algo)
-    resolved = AlgoConfig(algo=algo).validate(4)
-    for key in SAMPLE:
-        if not used_by(algo, key):
-            assert settings[key] is None and comments[key].startswith("not used by this run (only with --"), \
-                (algo, key, comments.get(key))
-        elif key in config.RESOLVED_BY_ALGO:          # what config.yaml will record
-            assert settings[key] == getattr(resolved, key), (algo, key, settings[key])
-        else:                                          # local lr: the world size decides
-            assert settings[key] is None and comments[key].startswith("default: "), (algo, key, comments.get(key))
+    for key, expected in EXPECTED[algo].items():
+        if isinstance(expected, str) and expected.startswith(NOT):
+            assert settings[key] is None and comments[key] == expected, (algo, key, comments.get(key))
+        else:
+            assert settings[key] == expected and comments[key] == f"the default for --algo {algo}", \
+                (algo, key, settings[key], comments.get(key))
+
+
+PRESETS = ("default", "cifar10-resnet20", "fashion-mnist-lenet5", "fashion-mnist-mlp")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_preset_prints_the_settings_written_out_here(capsys, preset):
+    """``--print-config --preset NAME``, every line: each value, each comment and the order, as
+    written out in tests/unit/print_config/NAME.yaml (a changed default, a default stated twice
+    that drifted, or a lost comment shows up here)."""
+    assert print_config(parse("--print-config", "--preset", preset)) == 0
+    expected = (ROOT / "tests" / "unit" / "print_config" / f"{preset}.yaml").read_text()
+    assert capsys.readouterr().out == expected
+
+
+def test_the_written_out_presets_are_every_preset():
+    assert sorted(PRESETS) == config.list_presets()
+
+
+def test_a_default_the_run_decides_is_a_comment_and_a_value_given_has_none(capsys):
+    settings, comments = printed(capsys, "--comm", "step", "--local-update", "sgd", "--delay", "3")
+    assert settings["local_lr"] is None and comments["local_lr"] == "default: world size x lr"
+    assert comments["local_lr_schedule"] == "default: the global schedule's shape"
+    assert (settings["delay"], settings["local_update"]) == (3, "sgd")
+    assert "delay" not in comments and "local_update" not in comments and "comm" not in comments
 
 
 CONFIG_YAML_CASES = [["--algo", algo] for algo in ALGOS] + [
@@ -86,7 +111,7 @@ def test_print_config_shows_what_config_yaml_records(tmp_path, args):
 
 def test_localsgd_comm_is_not_ssd_s_default(capsys):
     settings, comments = printed(capsys, "--algo", "localsgd")
-    assert comments["comm"] == "not used by this run (only with --algo ssd)"
+    assert comments["comm"] == "not used by this run (only with --algo ssd or odsgd)"
     assert settings["delay"] == 5 and comments["period_rule"].startswith("not used")
 
 

@@ -143,7 +143,7 @@ def test_help_states_the_resolved_default_of_every_flag():
     """``default: X`` where X is what a run without the flag gets: the default preset's value, the
     dataclass's, or (for the algorithm's settings) what the algorithm resolves them to; and the
     presets the help names as setting their own are exactly those that do."""
-    from ssdmpi.algos.config import AlgoConfig
+    from ssdmpi.algos import AlgoConfig
 
     helps = _helps()
     cfg = config.resolve(parse())

@@ -89,33 +89,55 @@ def ring_allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) ->
     return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes * beta
 
 
+@dataclass(frozen=True)
+class CommPattern:
+    """How a communication pattern communicates: ``allreduce`` None (compute only), ``"blocking"``,
+    ``"overlapped"`` (with the next steps' compute) or ``"servers"`` (asgd's pushes and pulls);
+    ``periodic``: once every k steps, not every step; ``label``: its name in tables (``{k}``, ``{s}``)."""
+
+    allreduce: str | None
+    periodic: bool = False
+    label: str = ""
+
+
+# The patterns ``--patterns`` names (an algorithm's ``pattern`` in ``ssdmpi/algos/registry.py`` is one).
+PATTERNS = {
+    "none": CommPattern(None, label="compute only"),
+    "ssgd": CommPattern("blocking", label="ssgd"),
+    "step": CommPattern("overlapped", label="ssd step k={k}"),
+    "period": CommPattern("overlapped", periodic=True, label="ssd period k={k}"),
+    "localsgd": CommPattern("blocking", periodic=True, label="localsgd k={k}"),
+    "asgd": CommPattern("servers", periodic=True, label="asgd {k} server{s}"),
+}
+
+
 def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None,
                  allreduce_busy: float | None = None) -> float:
     """Predicted seconds per step of a communication pattern (see the module docstring).
 
-    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period``. ``compute_busy`` /
-    ``allreduce_busy``: a compute step's / the allreduce's seconds while the other runs too
-    (default: unchanged, i.e. perfect overlap). Values faster than alone count as alone.
+    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period`` (``PATTERNS``; asgd's is
+    ``ps_step_time``). ``compute_busy`` / ``allreduce_busy``: a compute step's / the allreduce's
+    seconds while the other runs too (default: unchanged, i.e. perfect overlap). Values faster than
+    alone count as alone.
     """
-    if kind == "none":
+    pattern = PATTERNS.get(kind)
+    if pattern is None or pattern.allreduce == "servers":
+        raise ValueError(f"unknown communication pattern {kind!r}")
+    k = k if pattern.periodic else 1
+    if pattern.allreduce is None:
         return compute
-    if kind == "ssgd":
-        return compute + allreduce
-    if kind == "localsgd":
+    if pattern.allreduce == "blocking":
         return compute + allreduce / k
-    if kind in ("step", "period"):
-        k = 1 if kind == "step" else k
-        c_busy = max(compute, compute_busy or compute)
-        t_busy = max(allreduce, allreduce_busy or allreduce)
-        work = k * compute
-        if t_busy <= k * c_busy:
-            # the allreduce finishes first, having slowed t_busy of compute to r_c = c/c_busy
-            period = t_busy + work - t_busy * compute / c_busy
-        else:
-            # the compute finishes first (after k c_busy), the allreduce then runs alone
-            period = k * c_busy + allreduce - allreduce * k * c_busy / t_busy
-        return period / k
-    raise ValueError(f"unknown communication pattern {kind!r}")
+    c_busy = max(compute, compute_busy or compute)
+    t_busy = max(allreduce, allreduce_busy or allreduce)
+    work = k * compute
+    if t_busy <= k * c_busy:
+        # the allreduce finishes first, having slowed t_busy of compute to r_c = c/c_busy
+        period = t_busy + work - t_busy * compute / c_busy
+    else:
+        # the compute finishes first (after k c_busy), the allreduce then runs alone
+        period = k * c_busy + allreduce - allreduce * k * c_busy / t_busy
+    return period / k
 
 
 def ps_step_time(compute: float, nbytes: float, workers: int, servers: int, alpha: float, beta: float,
@@ -138,32 +160,32 @@ def ps_step_time(compute: float, nbytes: float, workers: int, servers: int, alph
 
 @dataclass(frozen=True)
 class Pattern:
-    """A communication pattern measured by a step loop."""
+    """A communication pattern measured by a step loop: ``kind`` (a name of ``PATTERNS``) and its ``k``
+    (the period; for ``asgd``, the servers)."""
 
     kind: str
-    k: int = 1       # the period; for ``asgd``, the servers
+    k: int = 1
+
+    @property
+    def comm(self) -> CommPattern:
+        return PATTERNS[self.kind]
 
     @property
     def name(self) -> str:
-        if self.kind == "asgd":
-            return f"asgd {self.k} server{'s' if self.k > 1 else ''}"
-        if self.kind in ("none", "ssgd"):
-            return {"none": "compute only", "ssgd": "ssgd"}[self.kind]
-        if self.kind == "step":
-            return "ssd step (odsgd)" if self.k == 1 else f"ssd step k={self.k}"
-        return f"{'ssd period' if self.kind == 'period' else 'localsgd'} k={self.k}"
+        if self.k == 1 and self.comm.allreduce == "overlapped" and not self.comm.periodic:
+            return "ssd step (odsgd)"
+        return self.comm.label.format(k=self.k, s="s" if self.k > 1 else "")
 
 
 def parse_pattern(spec: str) -> Pattern:
-    """``ssgd`` | ``step`` | ``period:K`` | ``localsgd:K`` | ``asgd:S`` (S servers) -> ``Pattern``."""
-    parts = spec.strip().split(":")
+    """``ssgd`` | ``step`` | ``period:K`` | ``localsgd:K`` | ``asgd[:S]`` (S servers) -> ``Pattern``."""
+    kind, *rest = spec.strip().split(":")
+    pattern = PATTERNS.get(kind)
     try:
-        if parts in (["ssgd"], ["step"], ["none"]):
-            return Pattern(parts[0])
-        if parts == ["asgd"]:
-            return Pattern("asgd", 1)
-        if parts[0] in ("period", "localsgd", "asgd") and len(parts) == 2 and int(parts[1]) >= 1:
-            return Pattern(parts[0], int(parts[1]))
+        if pattern is not None and not rest and (not pattern.periodic or pattern.allreduce == "servers"):
+            return Pattern(kind)
+        if pattern is not None and pattern.periodic and len(rest) == 1 and int(rest[0]) >= 1:
+            return Pattern(kind, int(rest[0]))
     except ValueError:
         pass
     raise UserError(f"--patterns: {spec!r} is not understood; use ssgd, step, period:K, localsgd:K "
@@ -211,13 +233,13 @@ def _steps(measured: dict, link: dict, c: float, T: float, shared_link: bool) ->
     steps = []
     for kind, k in measured["patterns"]:
         name = Pattern(kind, k).name
-        if kind == "asgd":
+        if PATTERNS[kind].allreduce == "servers":
             pred = ps_step_time(c, measured["grad_bytes"], ranks - k, k, alpha, beta, shared_link)
         else:
             pred = predict_step(kind, c, T, k, c_busy, T_busy)
         meas = measured["step_s"][name]
         steps.append({"pattern": name, "kind": kind, "k": k, "measured_s": meas, "predicted_s": pred,
-                      "error_pct": None if kind == "none" else percent_error(pred, meas),
+                      "error_pct": None if PATTERNS[kind].allreduce is None else percent_error(pred, meas),
                       "measured_speedup": ssgd_measured / meas if ssgd_measured else None,
                       "predicted_speedup": ssgd_predicted / pred})
     return steps

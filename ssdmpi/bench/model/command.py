@@ -29,37 +29,38 @@ def add_arguments(parser) -> None:
     parser.add_argument("--net", default="1gbit", metavar="RATE|none",
                         help="network: a tc rate (1gbit, 100mbit) for a throttled namespace, or 'none' "
                              "(shared memory); when not already under mpiexec, the command relaunches "
-                             "itself there (default 1gbit)")
+                             "itself there (default %(default)s)")
     parser.add_argument("--ranks", type=int, default=None, help="ranks when relaunching itself (default 2)")
     launch.add_node_arguments(parser)
     parser.add_argument("--fit-from", default=None, metavar="FILE",
                         help="take the link (alpha, beta, overlap slowdowns) from an earlier run's --json FILE "
                              "(e.g. on 2 nodes) instead of fitting it here: every point of this run is held out")
     parser.add_argument("--model", default="wide-mlp",
-                        help="model whose step and gradient are measured (default wide-mlp)")
-    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
+                        help="model whose step and gradient are measured (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default %(default)s)")
     parser.add_argument("--fit-sizes", default="4,16,64", metavar="MB1,MB2",
-                        help="allreduce sizes the fit uses, in MB (default 4,16,64)")
+                        help="allreduce sizes the fit uses, in MB (default %(default)s)")
     parser.add_argument("--check-sizes", default="2,8,32", metavar="MB1,MB2",
-                        help="held-out allreduce sizes, in MB (default 2,8,32; the model's gradient size is "
+                        help="held-out allreduce sizes, in MB (default %(default)s; the model's gradient size is "
                              "always added)")
     parser.add_argument("--patterns", default="ssgd,step,period:2,period:5,period:10,localsgd:5",
                         metavar="P1,P2", help="step loops to measure: ssgd, step, period:K, localsgd:K, "
                                               "asgd:S (the last S ranks are parameter servers)")
-    parser.add_argument("--steps", type=int, default=6, help="measured steps per loop (at least 2 periods; default 6)")
+    parser.add_argument("--steps", type=int, default=6,
+                        help="measured steps per loop (at least 2 periods; default %(default)s)")
     reps = parser.add_argument("--allreduce-repeats", type=int, default=3,
-                               help="repetitions per allreduce size, median (default 3)")
+                               help="repetitions per allreduce size, median (default %(default)s)")
     deprecated_alias(parser, "--reps", reps)
     parser.add_argument("--repeats", type=int, default=1,
-                        help="interleaved repeats of the step loops, median (default 1)")
+                        help="interleaved repeats of the step loops, median (default %(default)s)")
     parser.add_argument("--progress", default="auto",
-                        help="allreduce progress strategy (see ssdmpi train; default auto)")
+                        help="allreduce progress strategy (see ssdmpi train; default %(default)s)")
     parser.add_argument("--plan-ranks", default="2,4,8,16,32", metavar="N1,N2",
-                        help="rank counts of the planning table (default 2,4,8,16,32)")
+                        help="rank counts of the planning table (default %(default)s)")
     parser.add_argument("--plan-gbits", default="1,10,25,100", metavar="G1,G2",
-                        help="link bandwidths of the planning table, Gbit/s (default 1,10,25,100)")
+                        help="link bandwidths of the planning table, Gbit/s (default %(default)s)")
     plan_delay = parser.add_argument("--plan-delay", type=int, default=5, metavar="K",
-                                     help="period k of the planning table (default 5)")
+                                     help="period k of the planning table (default %(default)s)")
     deprecated_alias(parser, "--plan-k", plan_delay)
     parser.add_argument("--plan-compute-ms", type=float, default=None,
                         help="compute per step for planning (default: the measured one)")
@@ -69,7 +70,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the model's initial weights and the random batches (default 0)")
     add_json(parser, "the measurements and predictions")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds, when relaunching (default 1800)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds, when relaunching (default %(default)s)")
 
 
 def _plan_ranks(text: str) -> list:
@@ -108,7 +109,7 @@ def _validate(args) -> None:
     launch.parse_rate(args.net)
     sizes_mb(args.check_sizes, "--check-sizes")
     for p in map(parse_pattern, args.patterns.split(",")):
-        if p.kind == "asgd" and p.k >= args.ranks:
+        if p.comm.allreduce == "servers" and p.k >= args.ranks:
             raise UserError(f"--patterns asgd:{p.k}: {p.k} server(s) leave no worker among {args.ranks} ranks; "
                             "use fewer servers or more ranks")
     _fit_from(args.fit_from)
@@ -132,7 +133,8 @@ def run(args) -> int:
     if comm.size < 2:
         comm.free()
         raise UserError("bench model needs at least 2 ranks (mpiexec -n 2 ...)", collective=True)
-    servers = max([p.k for p in map(parse_pattern, args.patterns.split(",")) if p.kind == "asgd"], default=0)
+    patterns = map(parse_pattern, args.patterns.split(","))
+    servers = max([p.k for p in patterns if p.comm.allreduce == "servers"], default=0)
     if servers >= comm.size:
         comm.free()
         raise UserError(f"--patterns asgd:{servers} needs more than {servers} ranks, got {comm.size}", collective=True)

@@ -86,14 +86,15 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
             comm.barrier()
             start = time.perf_counter()
         _compute(model, x, labels)
-        if pattern.kind == "ssgd":
+        blocking, periodic = pattern.comm.allreduce == "blocking", pattern.comm.periodic
+        if blocking and not periodic:                   # ssgd
             comm.allreduce(grads, average=False)
-        elif pattern.kind == "step":
+        elif pattern.comm.allreduce == "overlapped" and not periodic:        # ssd --comm step
             if handle is not None:
                 handle.wait()
             np.copyto(inflight, grads)
             handle = comm.allreduce_start(inflight, average=False)
-        elif pattern.kind == "period":
+        elif pattern.comm.allreduce == "overlapped":  # ssd --comm period
             acc += grads
             if (i + 1) % pattern.k == 0:
                 if handle is not None:
@@ -101,7 +102,7 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
                 np.copyto(inflight, acc)
                 acc.fill(0)
                 handle = comm.allreduce_start(inflight, average=False)
-        if pattern.kind == "localsgd" and (i + 1) % pattern.k == 0:
+        if blocking and periodic and (i + 1) % pattern.k == 0:      # localsgd
             comm.allreduce(params, average=True)
     elapsed = time.perf_counter() - start
     if handle is not None:
@@ -214,7 +215,7 @@ def measure(args, comm, log) -> dict:
         log(f"repeat {rep + 1}/{args.repeats} overlapped: compute "
             f"{'n/a' if c_busy is None else f'{c_busy * 1e3:.2f} ms/step'}, allreduce {t_busy * 1e3:.2f} ms")
         for p in patterns:
-            if p.kind == "asgd":
+            if p.comm.allreduce == "servers":
                 loops[p].append(_ps_loop(comm, model, x, labels, p.k, args.steps, 2))
                 log(f"repeat {rep + 1}/{args.repeats} {p.name:>18}: {loops[p][-1] * 1e3:9.2f} ms/step")
                 continue

@@ -1,0 +1,104 @@
+"""``--period-rule delta-own`` (docs/PERIOD_RULE.md 2-4): delta averaging keeping own progress."""
+
+from __future__ import annotations
+
+from ssdmpi.algos import resize
+from ssdmpi.algos.period import PeriodRule
+from ssdmpi.algos.spec import RuleSpec
+
+
+class DeltaOwn(PeriodRule):
+    """``delta-own`` (docs/PERIOD_RULE.md, the chosen rule): delta averaging keeping own progress.
+
+    Switch: ``U <- M``, ``S <- L`` (``L = W``). Every delay iteration ``t`` (``g`` = mean gradient)::
+
+        U <- (mu*U - (eta(t)*lam*mask)*L) - eta(t)*g        # this operation order (PERIOD_RULE.md 3)
+        L <- L + U
+
+    At the end of period ``p`` (``(t - T_w) % k == k - 1``)::
+
+        if a sum is in flight or held (p >= 1):  W <- W + Sum/N;  s += k;  changed = True
+        D <- L - S
+        if changed:  L <- W + D                             # own displacement still in flight
+        post Iallreduce(D) (sum; the /N is folded into the next W update);  S <- L
+
+    ``M`` is not used in the delay stage. ``U`` is never reset or averaged. ``finalize()``
+    (end of training) applies what is in flight, then averages the partial period with a
+    blocking allreduce: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (skipped when training
+    ended on a period boundary, where ``L = S``).
+    """
+
+    folds_mean = True
+
+    def begin(self) -> None:
+        from ssdmpi.optim import fused  # late: the CLI parser reads this rule's SPEC; fused imports NumPy
+
+        st = self.st
+        self.U = st.M.copy()
+        self.S = st.L.copy()
+        self._fused, self._plan = fused, fused.Plan((st.mask,), scratch=1)
+        self._plan.poll = st.poll
+
+    def step(self, g, m: int) -> None:
+        st = self.st
+        eta = st.schedule(st.counts.t)
+        # One fused pass: t = L*mask; t = t*(eta*lam); U = U*mu - t; U = U - g*eta; L = L + U.
+        # (eta*lam*mask)*L rounds like this: eta*lam*mask is exactly eta*lam or 0.
+        self._fused.delta_own_step(self._plan, self.U, st.L, g, eta * st.weight_decay, st.momentum, eta)
+        if (m + 1) % st.k == 0:
+            changed = self._complete()
+            D = self._acc
+            self._fused.delta_own_boundary(self._plan, st.W, st.L, self.S, D, changed)  # D = L-S; [L = W+D]; S = L
+            self._swap_in(self._post(D))
+
+    def _complete(self) -> bool:
+        """At a period end: ``W <- W + Sum/N`` from the request in flight (one fused pass: the
+        division folded into the addition), or from a held mean; True when ``W`` changed."""
+        st = self.st
+        if self._handle is not None:
+            total, self._handle = self._handle.wait(), None
+            self._fused.add_divided(self._plan, st.W, total, st.N)
+            st.counts.s += st.k
+            return True
+        changed = self._held
+        self.apply_held()
+        return changed
+
+    def _apply(self, reduced) -> None:
+        st = self.st
+        st.W += reduced
+        st.counts.s += st.k
+
+    def finalize(self) -> None:
+        """Apply the sum in flight, then fold the partial period into ``W`` (blocking, collective)."""
+        st = self.st
+        self.drain()
+        self.apply_held()
+        if (st.counts.t - st.T_w) % st.k != 0:               # not on a boundary: L - S is not zero
+            D = self._acc
+            st.xp.subtract(st.L, self.S, out=D)
+            st.comm.allreduce_mean(D)
+            st.W += D
+            self.S[...] = st.L
+
+    def state_dict(self) -> dict:
+        """``U``, ``S``, the held mean; not ``acc``: ``D = L - S`` overwrites it before it is read."""
+        d = super().state_dict()
+        del d["acc"]
+        d.update({"U": self.U, "S": self.S})
+        return d
+
+    @staticmethod
+    def resized(state: dict, k: int) -> str:
+        """Merge what is in flight into ``W`` and restart the period (``resize.merge_displacements``)."""
+        return resize.merge_displacements(state, k)
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.U[...] = self.st.xp.asarray(d["U"])
+        self.S[...] = self.st.xp.asarray(d["S"])
+
+
+SPEC = RuleSpec("delta-own", DeltaOwn, reference="ssdmpi.algos.reference:DeltaOwnTwin",
+                summary="momentum SGD on L with a per-rank U | wait previous Dsum: W <- W + Dsum/N; D = L - S; "
+                        "L <- W + D (if W changed); post D (sum); S <- L", default=True)

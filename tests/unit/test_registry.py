@@ -1,0 +1,246 @@
+"""The registry (ssdmpi/algos/registry.py): an algorithm's or rule's name is compared as a string
+nowhere else, each default is stated once, and a period rule is one file (plus its reference twin
+and its tests): a planted rule file shows up everywhere the registry reaches."""
+
+import argparse
+import ast
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ssdmpi.algos import registry
+from ssdmpi.algos.spec import load
+from ssdmpi.cli import build_parser
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "ssdmpi"
+REGISTRY = ("algos/registry.py",)
+# Parameters named like an algorithm setting that are another thing: not restatements of its default.
+NOT_THE_SETTING = {("optim/schedules.py", "warmup_steps"): "the lr schedule's linear warm-up (--lr-warmup-epochs), "
+                                                            "not the SSGD warm-up"}
+
+
+def write_package(root: pathlib.Path, files: dict) -> pathlib.Path:
+    for rel, source in files.items():
+        path = root / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    return root / "pkg"
+
+
+def _strings(node) -> set:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(set(), *(_strings(e) for e in node.elts))
+    return set()
+
+
+def name_comparisons(package: pathlib.Path, names, allowed=REGISTRY) -> list:
+    """``["rel:line name", ...]``: comparisons (``==``, ``!=``, ``in``, ``not in``) of a value with one of
+    ``names`` written as a string (alone or in a literal tuple, list or set), outside ``allowed``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                hit = set().union(_strings(node.left), *(_strings(c) for c in node.comparators)) & set(names)
+                found += [f"{rel}:{node.lineno} {name}" for name in sorted(hit)]
+    return sorted(found)
+
+
+def test_the_comparison_finder_finds_planted_comparisons(tmp_path):
+    package = write_package(tmp_path, {
+        "registry.py": "def f(a):\n    return a == 'ssd'\n",                      # allowed here
+        "plot.py": "def g(a):\n    return a.algo == 'ssgd' or a in ('x', 'localsgd')\n",
+        "bench.py": "VARIANTS = {'ssgd': 1}\n\ndef h(v):\n    return VARIANTS['ssgd'] if v != 'delta-own' else 0\n",
+    })
+    assert name_comparisons(package, ("ssgd", "ssd", "localsgd", "delta-own"), allowed=("registry.py",)) == [
+        "bench.py:4 delta-own", "plot.py:2 localsgd", "plot.py:2 ssgd"]
+
+
+def test_algorithm_and_rule_names_are_compared_only_in_the_registry():
+    assert name_comparisons(PACKAGE, set(registry.ALGORITHMS) | set(registry.RULES)) == []
+
+
+# -- each default stated once ----------------------------------------------------------------------
+
+def _literal(node):
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _defaults(tree) -> list:
+    """``(name, value node)`` of every parameter default, class-body field and ``add_argument`` default."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            positional = a.posonlyargs + a.args
+            out += list(zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults))
+            out += [(k.arg, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            out.append((node.target.id, node.value))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args \
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--"):
+            out += [(node.args[0].value[2:].replace("-", "_"), k.value) for k in node.keywords if k.arg == "default"]
+    return out
+
+
+def restated_defaults(package: pathlib.Path, defaults: dict, exempt=NOT_THE_SETTING) -> list:
+    """``["rel:line name = value", ...]``: a default written again as a literal (a parameter, a field or a
+    flag named like a setting of ``defaults``, with that setting's default value) outside ``exempt``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        for name, node in _defaults(ast.parse(path.read_text(encoding="utf-8"))):
+            ok, value = _literal(node)
+            if ok and name in defaults and (rel, name) not in exempt and defaults[name] is not None \
+                    and type(value) is type(defaults[name]) and value == defaults[name]:
+                found.append(f"{rel}:{node.lineno} {name} = {value!r}")
+    return sorted(found)
+
+
+def test_the_restatement_finder_finds_planted_duplicates(tmp_path):
+    package = write_package(tmp_path, {
+        "settings.py": "S = [Setting('momentum', 0.9), Setting('delay', 5)]\n",   # the declaration itself
+        "algo.py": """\
+            from dataclasses import dataclass
+
+            @dataclass
+            class Config:
+                momentum: float = 0.9
+                delay: int = 4
+
+            def sgd(w, momentum=0.9, lr=0.1):
+                return w
+            """,
+        "bench.py": "def flags(p):\n    p.add_argument('--delay', type=int, default=5)\n",
+    })
+    assert restated_defaults(package, {"momentum": 0.9, "delay": 5}) == [
+        "algo.py:5 momentum = 0.9", "algo.py:8 momentum = 0.9", "bench.py:2 delay = 5"]
+
+
+def test_the_algorithm_settings_defaults_are_stated_once():
+    """Each default of the optimizer's and the algorithms' settings appears in the registry's
+    declaration only: ``TrainConfig``, ``AlgoConfig`` and the benchmarks take it from there."""
+    assert restated_defaults(PACKAGE, {n: s.default for n, s in registry.SETTINGS.items()}) == []
+
+
+def literal_defaults_in_help(parser, path=()) -> list:
+    """``["ssdmpi bench train --epochs", ...]``: flags whose help writes their default out instead of
+    letting argparse fill it in (``%(default)s``), so that the two can drift apart."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += literal_defaults_in_help(sub, path + (name,))
+        elif action.help and action.default not in (None, False, "", argparse.SUPPRESS) \
+                and "%(default)" not in action.help and f"default {action.default}" in action.help.replace(":", ""):
+            found.append(" ".join(path + (action.option_strings[0],)))
+    return found
+
+
+def test_the_help_finder_finds_a_planted_literal_default():
+    parser = argparse.ArgumentParser(prog="p")
+    sub = parser.add_subparsers().add_parser("bench")
+    sub.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
+    sub.add_argument("--lr", type=float, default=0.05, help="global learning rate (default: 0.05)")
+    sub.add_argument("--seed", type=int, default=0, help="seed (default %(default)s)")
+    assert literal_defaults_in_help(parser) == ["bench --epochs", "bench --lr"]
+
+
+def test_no_command_writes_a_flag_default_into_its_help():
+    assert literal_defaults_in_help(build_parser(), ("ssdmpi",)) == []
+
+
+# -- the specs ------------------------------------------------------------------------------------
+
+def test_one_rule_is_the_default_and_every_rule_file_declares_its_spec():
+    files = sorted(p.stem for p in (PACKAGE / "algos" / "rules").glob("*.py") if p.stem != "__init__")
+    assert sorted(name.replace("-", "_") for name in registry.RULES) == files
+    assert [name for name, spec in registry.RULES.items() if spec.default] == ["delta-own"]
+
+
+@pytest.mark.parametrize("variant", list(registry.variants()))
+def test_every_variant_resolves_and_names_an_implementation_and_a_reference(variant):
+    cfg = registry.AlgoConfig(**registry.variants()[variant], delay=None, warmup_steps=2).validate(world_size=4)
+    spec = registry.ALGORITHMS[cfg.algo]
+    assert callable(load(spec.implementation(cfg)))
+    assert callable(load(spec.simulation))
+    if spec.delay_stage:
+        assert callable(load(spec.reference(cfg)))
+
+
+PLANTED = '''\
+"""A rule planted by tests/unit/test_registry.py: replay under another name, with a setting of its own."""
+
+from ssdmpi.algos.rules.replay import GradientReplay
+from ssdmpi.algos.spec import RuleSpec, Setting
+from ssdmpi.validate import positive_int
+
+
+class Planted(GradientReplay):
+    pass
+
+
+SPEC = RuleSpec("planted", Planted, reference="ssdmpi.algos.reference:ReplayTwin", summary="replay, planted",
+                uses_local_update=True, variant={"local_update": "sgd"},
+                settings=(Setting("planted_knob", 3, "a knob of the planted rule", int, positive_int),))
+'''
+
+PROBE = '''\
+import json
+from ssdmpi import config
+from ssdmpi.algos import registry
+from ssdmpi.algos.reference import simulate
+from ssdmpi.bench import accuracy
+from ssdmpi.cli import build_parser
+from ssdmpi.nn import build_model
+import numpy as np
+
+train = build_parser()._subparsers._group_actions[0].choices["train"]
+helps = {a.dest: a.help for a in train._actions}
+args = train.parse_args(["--comm", "period", "--period-rule", "planted", "--planted-knob", "4", "--delay", "2",
+                         "--warmup-steps", "2"])
+cfg = config.resolve(args)
+algo = config.algo_config(cfg, set(), 10, 100, world_size=2)
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(64, 6)).astype(np.float32), rng.integers(0, 3, size=64)
+sim = simulate(algo, lambda: build_model("mlp", (6,), 3, widths=(4,), seed=1, xp=np),
+               lambda r, t: (x[8 * r:8 * r + 8], y[8 * r:8 * r + 8]), 8, world_size=2)
+print(json.dumps({"rules": list(registry.RULES), "help": helps["period_rule"], "knob_help": helps["planted_knob"],
+                  "knob": algo.planted_knob, "variant": accuracy.VARIANTS.get("period/planted"),
+                  "yaml": config.annotated_yaml(config.applicable(cfg, set())),
+                  "twin": type(sim.twin).__name__, "s": sim.s}))
+'''
+
+
+def test_a_rule_file_is_all_the_registry_needs(tmp_path):
+    """A file dropped into a copy of ssdmpi/algos/rules/ is a --period-rule with its own flag, resolved and
+    recorded like any setting, a benchmark variant, and a reference twin the simulator runs."""
+    shutil.copytree(PACKAGE, tmp_path / "ssdmpi", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "ssdmpi" / "algos" / "rules" / "planted.py").write_text(PLANTED)
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["rules"] == ["delta-own", "planted", "replay"]
+    assert "delta-own | planted | replay" in got["help"]
+    assert got["knob_help"].startswith("a knob of the planted rule (default: 3 with --comm period --period-rule "
+                                       "planted)")
+    assert got["knob"] == 4
+    assert got["variant"] == {"algo": "ssd", "comm": "period", "period_rule": "planted", "local_update": "sgd"}
+    assert "planted_knob: 4\n" in got["yaml"] and "period_rule: planted\n" in got["yaml"]
+    assert got["twin"] == "ReplayTwin" and got["s"] == 2 + 2 * 2   # 2 warm-up steps, 3 periods of k = 2 (the
+                                                                   # first period's sum is applied at the second)
