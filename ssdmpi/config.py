@@ -307,7 +307,7 @@ def _parse_yaml(text: str, where: str) -> dict:
 
 def normalise(data: dict, where: str) -> dict:
     """Keys with dashes or underscores -> field names (unknown keys are an error); values as the
-    flags would give them (``widths: 64,32``, ``bucket_size: 4M``, an int for a float setting)."""
+    flags would give them (``widths: 64,32``, ``bucket_size: 4M``)."""
     out = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
@@ -323,8 +323,6 @@ def normalise(data: dict, where: str) -> dict:
                 value = parse_size(value)
             except UserError as exc:
                 raise UserError(f"{where}: bucket_size: {exc}") from None
-        if is_int(value) and SETTINGS[name].type is float:
-            value = float(value)
         out[name] = value
     return out
 

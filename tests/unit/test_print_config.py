@@ -62,6 +62,23 @@ def test_each_algorithm_setting_shows_its_value_for_the_algo_or_that_the_algo_do
                 (algo, key, settings[key], comments.get(key))
 
 
+PRESETS = ("default", "cifar10-resnet20", "fashion-mnist-lenet5", "fashion-mnist-mlp")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_preset_prints_the_settings_written_out_here(capsys, preset):
+    """``--print-config --preset NAME``, every line: each value, each comment and the order, as
+    written out in tests/unit/print_config/NAME.yaml (a changed default, a default stated twice
+    that drifted, or a lost comment shows up here)."""
+    assert print_config(parse("--print-config", "--preset", preset)) == 0
+    expected = (ROOT / "tests" / "unit" / "print_config" / f"{preset}.yaml").read_text()
+    assert capsys.readouterr().out == expected
+
+
+def test_the_written_out_presets_are_every_preset():
+    assert sorted(PRESETS) == config.list_presets()
+
+
 def test_a_default_the_run_decides_is_a_comment_and_a_value_given_has_none(capsys):
     settings, comments = printed(capsys, "--comm", "step", "--local-update", "sgd", "--delay", "3")
     assert settings["local_lr"] is None and comments["local_lr"] == "default: world size x lr"
