@@ -10,8 +10,8 @@ from setuptools import find_packages, setup
 
 
 def version() -> str:
-    """``__version__`` of ssdmpi/__init__.py, read without importing the package."""
-    with open("ssdmpi/__init__.py", encoding="utf-8") as f:
+    """``__version__`` of ssdmpi/version.py, read without importing the package."""
+    with open("ssdmpi/version.py", encoding="utf-8") as f:
         return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 

@@ -6,9 +6,17 @@ See ``docs/ALGORITHM.md`` for the method and ``docs/ARCHITECTURE.md`` for the la
 Importing it edits no environment and starts no MPI (``ssdmpi/comm/mpi_env.py``).
 """
 
-__version__ = "0.1.0"
-
-from ssdmpi.api import train  # noqa: E402  (the command's module is ssdmpi.trainer)
-from ssdmpi.restore import load_model  # noqa: E402
+from ssdmpi.restore import load_model
+from ssdmpi.version import __version__
 
 __all__ = ["__version__", "load_model", "train"]
+
+
+def __getattr__(name: str):
+    """``ssdmpi.train``, the function of ``ssdmpi/run/api.py``, imported when first asked for, so that
+    ``import ssdmpi`` (and the ``ssdmpi`` command line) loads no trainer, NumPy or MPI."""
+    if name == "train":
+        from ssdmpi.run.api import train
+
+        return train
+    raise AttributeError(f"module 'ssdmpi' has no attribute {name!r}")

@@ -1,10 +1,10 @@
 """The ``ssdmpi`` command line: one subcommand per module, loaded on demand.
 
 Each subcommand lives in its own module, which provides ``add_arguments(parser)``
-and ``run(args) -> int``. Modules are imported only when their subcommand is
-used (so ``ssdmpi --help`` starts fast and never initialises MPI) — except that
-building the parser imports each module's ``add_arguments``, so those modules
-must keep their top-level imports light.
+and ``run(args) -> int`` (or names a second module whose ``run`` runs it). Building
+the parser imports each module's ``add_arguments``, so those modules keep their
+top-level imports light (``ssdmpi --help`` starts fast and never initialises MPI);
+a command's ``run`` module is imported only when it is used.
 
 Exit codes: 0 success; 2 bad input (flags, data, checkpoints; one line, no
 traceback); 3 training diverged (the last good checkpoint is kept); 85
@@ -15,6 +15,7 @@ checkpointed on SIGUSR1/SIGTERM, requeue me; 130 checkpointed after Ctrl-C;
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -24,10 +25,12 @@ from ssdmpi.comm.abort import abort_job, install_abort_hook, world_rank_size
 from ssdmpi.errors import BROKEN_PIPE_EXIT, USAGE_EXIT, UserError
 from ssdmpi.validate import did_you_mean
 
-# name -> (module, one-line help). The order is the order of ``--help``.
+# name -> (module, one-line help[, module that runs it]). The order is the order of ``--help``. A
+# command whose ``run`` needs heavy imports at its top names a second module for it, loaded on use.
 COMMANDS = {
-    "train": ("ssdmpi.trainer", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD"),
-    "eval": ("ssdmpi.evaluate", "evaluate a checkpoint on a dataset's test split"),
+    "train": ("ssdmpi.run.command", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD",
+              "ssdmpi.run.trainer"),
+    "eval": ("ssdmpi.eval_cli", "evaluate a checkpoint on a dataset's test split"),
     "bench": ("ssdmpi.bench",
               "benchmarks: engine, comm, train, model, accuracy, stability; report renders BENCHMARKS.md"),
     "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),
@@ -82,12 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ssdmpi {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, (module_name, help_text, *runner) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
         module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        p.set_defaults(run=functools.partial(_run, runner[0]) if runner else module.run)
     return parser
+
+
+def _run(module_name: str, args) -> int:
+    """``run(args)`` of ``module_name``, imported now."""
+    return importlib.import_module(module_name).run(args)
 
 
 def report_user_error(exc: UserError) -> int:

@@ -16,7 +16,7 @@ run appends to the same file). Two kinds of record:
     fb_s, update_s, data_s, blocked_s, progress_s, sync_s, other_s (ssdmpi/phases.py defines them);
     with asgd the times and bytes are the workers'
     (the servers take no steps) and staleness_mean / staleness_max (over the interval's
-    server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.loop.step_record``
+    server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.run.loop.step_record``
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
     step, epoch, stage, time, train_s, test_acc, test_loss (the global model W), and in the delay
     stage test_acc_local, test_loss_local (rank 0's local model L)

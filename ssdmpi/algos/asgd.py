@@ -29,7 +29,7 @@ live: it IS that rank's part of the replica). ``local_weights()`` is None: evalu
 ``W`` only.
 
 ``lockstep = False``: the trainer reduces its sync points' metrics without aligning the ranks
-there (``ssdmpi/loop.py``, ``LaggedSums``).
+there (``ssdmpi/run/loop.py``, ``LaggedSums``).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class Bench:
         from ssdmpi.checkpoint import CheckpointWriter
         from ssdmpi.data import ShardedLoader
         from ssdmpi.nn import build_model
-        from ssdmpi.training_state import TrainingState
+        from ssdmpi.run.state import TrainingState
 
         self.comm, self.directory = comm, directory
         self.model = build_model(args.model, (1, 28, 28), 10, seed=0)

@@ -81,7 +81,7 @@ def parse(argv):
 def resolve(args):
     """``(TrainConfig, soft settings)`` as ``ssdmpi train`` resolves these flags (the preset's
     ``widths`` dropped for a model other than mlp, ...); no checkpoint, no run directory made."""
-    from ssdmpi.run_setup import resolve_run
+    from ssdmpi.run.setup import resolve_run
 
     cfg, soft, _, _ = resolve_run(args, None)
     return cfg, soft
@@ -360,7 +360,7 @@ class Peer:
 
     def _evaluate(self, log, step: int, train_s: float) -> dict:
         """Rank 0: the global model on the whole test split with ssdmpi's evaluator; the others wait."""
-        from ssdmpi.evaluate import evaluate
+        from ssdmpi.run.evaluation import evaluate
 
         result = {}
         if self.rank == 0:

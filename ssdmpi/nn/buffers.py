@@ -1,5 +1,5 @@
 """The average of several ranks' model buffers: the BatchNorm running statistics the global
-model ``W`` is evaluated with (``ssdmpi/evaluate.py`` in training, ``checkpoint.read_model`` for
+model ``W`` is evaluated with (``ssdmpi/run/evaluation.py`` in training, ``checkpoint.read_model`` for
 ``ssdmpi eval`` and ``ssdmpi.load_model``).
 
 Every rank's statistics come from its own batches and ``W`` is the average of all ranks'

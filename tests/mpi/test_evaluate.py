@@ -20,8 +20,8 @@ from ssdmpi.algos import AlgoConfig, build_algorithm
 from ssdmpi.cli import main
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.data import ShardedLoader, load_dataset
-from ssdmpi.evaluate import Evaluator, evaluate
 from ssdmpi.nn import build_model
+from ssdmpi.run.evaluation import Evaluator, evaluate
 from tests.mpi.test_resume import shared_tmpdir
 from tests.mpi.test_train import records
 

@@ -198,12 +198,13 @@ def test_help_of_ssdmpi_train_is_the_api_s_contract():
     """``help(ssdmpi.train)`` documents the function a script calls, not the command's module."""
     import pydoc
 
-    from ssdmpi import api, trainer
+    from ssdmpi.run import api, command, trainer
 
     text = pydoc.render_doc(ssdmpi.train, renderer=pydoc.plaintext)
     assert ssdmpi.train is api.train and text.splitlines()[2].startswith("train(config=None, model=None, dataset=None)")
     for needle in ("Every rank calls it with the same arguments", "``config``:", "``model``:", "``dataset``:",
                    "Returns a ``Result`` on every rank", "UserError"):
         assert needle in text, needle
-    assert trainer.__doc__.splitlines()[0] not in text and callable(trainer.run)
+    assert command.__doc__.splitlines()[0] not in text and trainer.__doc__.splitlines()[0] not in text
+    assert callable(trainer.run)
     assert build_model(lambda s, c, **kw: Model([Linear(s[0], c, name="fc")], s, **kw), (3,), 2).num_params == 8

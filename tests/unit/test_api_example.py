@@ -19,9 +19,9 @@ import pytest
 import ssdmpi
 from ssdmpi.data import load_dataset
 from ssdmpi.errors import UserError
-from ssdmpi.evaluate import evaluate
 from ssdmpi.nn import build_model
 from ssdmpi.restore import eval_dataset
+from ssdmpi.run.evaluation import evaluate
 from tests.conftest import ROOT, mpiexec, run_cli
 from tests.unit.test_train_start import assert_one_line_error
 

@@ -34,7 +34,7 @@ def test_variant_specs():
 def test_the_peer_resolves_its_flags_as_ssdmpi_train_does(model, widths):
     """The default preset's mlp widths are not applied to another model (as ``ssdmpi train``)."""
     from ssdmpi.bench.torch_peer import parse, resolve
-    from ssdmpi.run_setup import resolve_run
+    from ssdmpi.run.setup import resolve_run
 
     args, peer = parse(["--peer", "ddp", "--algo", "ssgd", "--model", model, "--run-dir", "x"])
     cfg, _ = resolve(args)

@@ -19,7 +19,7 @@ import pytest
 
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.comm.transport import Transport
-from ssdmpi.loop import Interval
+from ssdmpi.run.loop import Interval
 from tests.fakes import FakeDeviceArray, FakeGPU
 
 N = 1000

@@ -6,7 +6,7 @@ One rank, a fake communicator whose nonblocking reductions record when they are 
 import types
 
 from ssdmpi.comm.stats import CommStats
-from ssdmpi.loop import Interval, LaggedSums, interval_end
+from ssdmpi.run.loop import Interval, LaggedSums, interval_end
 
 
 class Handle:

@@ -2,19 +2,14 @@
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ssdmpi"
 
-# Import edges that still close circles, left for the trainer package to remove: `import ssdmpi`
-# loads the trainer, `api` and `train` import each other, and `loop`/`report` import `Job`/`Stop`
-# from `train` above them. This list must shrink to empty; an edge that no longer exists fails
-# `test_every_known_circle_edge_still_exists`, so it is taken off the list when it goes.
-KNOWN_CIRCLE_EDGES = {
-    ("ssdmpi", "ssdmpi.api"),
-    ("ssdmpi.loop", "ssdmpi.trainer"),
-    ("ssdmpi.report", "ssdmpi.trainer"),
-}
+# The trainer's floors (ssdmpi/run/), lowest first: a module imports only those below it.
+RUN_FLOORS = ("job", "evaluation", "state", "setup", "report", "loop", "trainer", "api")
 
 # Where MPI may be named in code: the comm layer, `ssdmpi info` (it reports on the library) and the
 # raw-mpi4py baseline of `ssdmpi bench comm`. Within them, mpi4py is imported in one place only,
@@ -133,15 +128,27 @@ def test_the_circle_finder_finds_a_planted_circle(tmp_path):
     assert circles(without(graph, {("pkg.c", "pkg.a")})) == []
 
 
-def test_the_ssdmpi_import_graph_has_no_circle_but_the_known_ones():
-    graph = import_graph(PACKAGE)
-    assert circles(without(graph, KNOWN_CIRCLE_EDGES)) == []
+def test_the_ssdmpi_import_graph_has_no_circle():
+    assert circles(import_graph(PACKAGE)) == []
 
 
-def test_every_known_circle_edge_still_exists():
-    """When an edge of the list goes away, take it off the list (the list must shrink to empty)."""
+def test_the_trainer_s_floors_import_only_downward():
     graph = import_graph(PACKAGE)
-    assert [edge for edge in sorted(KNOWN_CIRCLE_EDGES) if edge[1] not in graph.get(edge[0], ())] == []
+    run = {f"ssdmpi.run.{name}": i for i, name in enumerate(RUN_FLOORS)}
+    assert sorted(m for m in graph if m.startswith("ssdmpi.run.")) == sorted([*run, "ssdmpi.run.command"])
+    upward = [(m, t) for m, floor in run.items() for t in graph[m] if t in run and run[t] >= floor]
+    assert upward == []
+    assert [t for t in graph["ssdmpi.run.command"] if t.startswith("ssdmpi.run")] == []   # the parser's: light
+
+
+def test_import_ssdmpi_loads_no_trainer_numpy_or_mpi():
+    code = ("import sys, ssdmpi; ssdmpi.load_model; "
+            "print(sorted(m for m in sys.modules if m.startswith(('ssdmpi.run', 'numpy', 'mpi4py'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+    code = "import ssdmpi; from ssdmpi.run.api import train; print(ssdmpi.train is train)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr)
 
 
 # -- MPI stays in the comm layer ----------------------------------------------------------------

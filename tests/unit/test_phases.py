@@ -12,7 +12,7 @@ from ssdmpi.phases import BREAKDOWN
 
 
 def test_step_record_breakdown_sums_to_the_step_time_and_splits_the_wait():
-    from ssdmpi.loop import step_record
+    from ssdmpi.run.loop import step_record
 
     # Two ranks, 10 steps each: rank-step totals of each phase.
     sums = {"steps": 20, "bad": 0, "loss": 20.0, "wall": 20 * 0.5, "my_steps": 10, "my_wall": 5.0,
@@ -176,7 +176,7 @@ def test_a_sync_points_time_is_counted_in_the_next_interval():
     """With a request in flight on a slow network the sync point's control allreduce waits behind
     the data: that time is training time. It is carried into the next interval's wall as sync_s
     (it used to fall between intervals, uncounted, which made ssd look faster than it was)."""
-    from ssdmpi.loop import Interval
+    from ssdmpi.run.loop import Interval
 
     class Stop:
         preempt = interrupt = 0

@@ -1,7 +1,7 @@
 """``ssdmpi train --print-config`` prints the settings the run will record in its config.yaml
 (the chosen ``--algo``'s defaults written in; the settings it does not use left unset, saying
 so), refuses what the run refuses; ``ssdmpi train --help`` lists the dataset names of the data
-registry and, like trainer.py's docstring, every file of a run directory."""
+registry and, like ssdmpi/run/command.py's docstring, every file of a run directory."""
 
 import argparse
 import re
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ssdmpi import config
-from ssdmpi.run_setup import print_config
+from ssdmpi.run.setup import print_config
 from tests.conftest import ROOT, run_cli
 
 ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")
@@ -158,10 +158,11 @@ def test_building_the_cli_parser_imports_no_numpy():
 
 
 def test_the_run_directory_listing_names_the_loggers_files():
-    """trainer.py's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
-    from ssdmpi import loggers, trainer
+    """The command's docstring and ``ssdmpi train --help`` list what --csv and --tensorboard write."""
+    from ssdmpi import loggers
+    from ssdmpi.run import command
 
-    for text in (trainer.__doc__, trainer.EPILOG):
+    for text in (command.__doc__, command.EPILOG):
         assert all(name in text for name in loggers.CSV_FILES.values()), text
         assert f"{loggers.TENSORBOARD_DIR}/" in text, text
 

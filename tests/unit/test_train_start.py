@@ -88,7 +88,7 @@ def test_a_failed_start_keeps_directories_it_did_not_create(tmp_path):
 
 
 def test_remove_created_removes_only_empty_directories_it_made(tmp_path):
-    from ssdmpi.run_setup import prepare_run_dir, remove_created
+    from ssdmpi.run.setup import prepare_run_dir, remove_created
 
     created = prepare_run_dir(str(tmp_path / "a" / "b"), resuming=False)
     assert created == [str(tmp_path / "a" / "b" / "checkpoints"), str(tmp_path / "a" / "b"), str(tmp_path / "a")]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ssdmpi.errors import UserError
-from ssdmpi.training_state import TrainingState
+from ssdmpi.run.state import TrainingState
 
 
 class Algo:

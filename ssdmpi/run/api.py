@@ -1,7 +1,7 @@
 """The Python API: ``ssdmpi.train(config, model=None, dataset=None)``, from a script under ``mpiexec``.
 
 A thin layer over ``ssdmpi train``: the settings become the same ``TrainConfig`` (defaults <
-preset < file < these settings), the run goes through the same ``trainer.run_job`` (loop,
+preset < file < these settings), the run goes through the same ``run_job`` (loop,
 checkpoints, metrics, signals, exit codes), and its run directory is the same. The contract is
 ``train``'s docstring (what ``help(ssdmpi.train)`` shows); examples in docs/API.md.
 """
@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 
+from ssdmpi import config as configuration
+from ssdmpi.comm import world
+from ssdmpi.data import datasets
 from ssdmpi.errors import UserError
+from ssdmpi.nn.models import model_label
+from ssdmpi.run.trainer import run_job
 
 
 @dataclasses.dataclass
@@ -61,13 +67,9 @@ def train(config=None, model=None, dataset=None) -> Result:
     ``TrainConfig``). Bad input raises ``ssdmpi.errors.UserError`` (one line) on every rank.
     See docs/API.md.
     """
-    from ssdmpi import trainer
-
     args = _arguments(config)
     model_spec = None
     if model is not None:
-        from ssdmpi.nn.models import model_label
-
         if isinstance(model, str):
             args.model = model
         else:
@@ -75,7 +77,7 @@ def train(config=None, model=None, dataset=None) -> Result:
     data = None if dataset is None else _dataset(dataset)
     if data is not None:
         args.dataset, args.data_path = data.name, None
-    code, job = trainer.run_job(args, model=model_spec, dataset=data)
+    code, job = run_job(args, model=model_spec, dataset=data)
     summary = {}
     if code == 0:
         job.model.params[...] = job.algo.global_weights()   # training is over: W is the model
@@ -85,8 +87,6 @@ def train(config=None, model=None, dataset=None) -> Result:
 
 def _arguments(config) -> argparse.Namespace:
     """The ``ssdmpi train`` arguments ``config`` stands for (its settings as flags)."""
-    from ssdmpi import config as configuration
-
     parser = argparse.ArgumentParser(prog="ssdmpi.train")
     configuration.add_arguments(parser)
     args = parser.parse_args([])
@@ -112,8 +112,6 @@ def _arguments(config) -> argparse.Namespace:
 
 def _dataset(dataset):
     """A ``Dataset`` from what ``train`` accepts as ``dataset``."""
-    from ssdmpi.data import datasets
-
     if isinstance(dataset, datasets.Dataset):
         return dataset
     if isinstance(dataset, dict):
@@ -133,10 +131,6 @@ def _dataset(dataset):
 
 def _summary(run_dir: str) -> dict:
     """``summary.json`` as rank 0 wrote it, on every rank."""
-    import json
-
-    from ssdmpi.comm import world
-
     def read():
         with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
             return json.load(f)

@@ -7,16 +7,33 @@ it. ``resolve_run`` is the same without touching the run directory (``--print-co
 The TrainConfig becomes the algorithm's settings in the config layer
 (``config.algo_config``, ``config.resolved_settings``). ``claim_run_dir`` (a new default
 directory, unique even for runs started in the same second), ``prepare_run_dir``,
-``remove_created`` and ``trim_metrics`` look after the run directory (rank 0).
+``remove_created`` and ``trim_metrics`` look after the run directory (rank 0). Then, on every
+rank, ``setup`` builds the run's ``Job`` (data, model, algorithm, loader, checkpoint writer) and
+``resume`` gives it the checkpoint's state.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
+import numpy as np
+
+from ssdmpi import backend, checkpoint
+from ssdmpi import config as configuration
+from ssdmpi.algos import build_algorithm
+from ssdmpi.checkpoint import CheckpointWriter
+from ssdmpi.comm.abort import world_rank_size
+from ssdmpi.data import ShardedLoader, load_dataset
 from ssdmpi.errors import UserError
+from ssdmpi.loggers import check_available
+from ssdmpi.metrics import atomic_write
+from ssdmpi.nn import build_model
+from ssdmpi.run.evaluation import Evaluator
+from ssdmpi.run.job import Job
+from ssdmpi.run.state import TrainingState
 
 
 def resolve_run(args, world_size: int | None):
@@ -29,9 +46,6 @@ def resolve_run(args, world_size: int | None):
     ``soft``: the settings that came from a preset, not from the user (they may be dropped
     where they do not apply).
     """
-    from ssdmpi import checkpoint
-    from ssdmpi import config as configuration
-
     resume, ckpt_path, ckpt_meta = getattr(args, "resume", None), None, None
     if resume == "auto":
         if not args.run_dir:
@@ -61,8 +75,6 @@ def fit_world(cfg, meta: dict, world_size: int, batch_given: bool) -> None:
     check compares with) become ``global batch / new ranks``. ``UserError`` (one line) when it does
     not divide, for format-1 checkpoints, and for a ``--batch-size`` (``batch_given``) that is neither
     the checkpoint's (the same command line, requeued on fewer nodes) nor the new one."""
-    from ssdmpi import config as configuration
-
     old = int(meta.get("world_size", world_size))
     if old == world_size:
         return
@@ -92,20 +104,14 @@ def configure(args, world_size: int):
     """
     cfg, soft, ckpt_path, ckpt_meta = resolve_run(args, world_size)
     resume = getattr(args, "resume", None)
-    from ssdmpi.loggers import check_available
-
     check_available(cfg)      # --tensorboard without tensorboardX: say so before anything is written
     claimed = []
     if cfg.run_dir is None:
-        from ssdmpi.config import default_run_dir
-
-        cfg.run_dir, claimed = claim_run_dir(default_run_dir(cfg))
+        cfg.run_dir, claimed = claim_run_dir(configuration.default_run_dir(cfg))
     try:
         created = prepare_run_dir(cfg.run_dir, resuming=ckpt_path is not None, auto=resume == "auto") + claimed
     except UserError as exc:
-        from ssdmpi.config import load_file
-
-        if getattr(args, "config", None) and not args.run_dir and "run_dir" in load_file(args.config):
+        if getattr(args, "config", None) and not args.run_dir and "run_dir" in configuration.load_file(args.config):
             # a config.yaml saved before run_dir became a comment, or the user's own file
             raise UserError(f"{exc} (run_dir comes from {args.config}: drop it there or pass --run-dir)") from None
         raise
@@ -146,8 +152,6 @@ def prepare_run_dir(run_dir: str, resuming: bool, auto: bool = False) -> list:
     that died before its first checkpoint is moved aside, not appended to. Returns the
     directories this call created, deepest first (none that existed before).
     """
-    from ssdmpi import checkpoint
-
     created = []
     try:
         path = os.path.abspath(os.path.join(run_dir, "checkpoints"))
@@ -187,10 +191,6 @@ def remove_created(created) -> None:
 
 def trim_metrics(path: str, step: int) -> None:
     """Drop records of steps after ``step`` (logged before a crash, redone after resuming)."""
-    import json
-
-    from ssdmpi.metrics import atomic_write
-
     if not os.path.exists(path):
         return
     kept = []
@@ -212,9 +212,6 @@ def print_config(args) -> int:
     Settings left to the algorithm or to the start (``null``) say their default in a comment.
     The output is a valid ``--config`` file (``run_dir``, ``stop_at_step`` as comments).
     """
-    from ssdmpi import config as configuration
-    from ssdmpi.comm.abort import world_rank_size
-
     try:
         cfg, soft, _, _ = resolve_run(args, None)
         cfg = configuration.applicable(cfg, soft)
@@ -223,3 +220,53 @@ def print_config(args) -> int:
     if world_rank_size()[0] == 0:
         print(configuration.annotated_yaml(cfg), end="", flush=True)
     return 0
+
+
+# --- the run's objects ----------------------------------------------------------------------------
+
+def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=None) -> Job:
+    """Collective: build the run's objects (model seeded, rank 0's weights broadcast); a
+    ``UserError`` on any rank is raised on every rank; the loader is closed by ``resources``.
+    ``model`` (a factory or a ``Model``) and ``dataset`` (a ``Dataset``) come from the Python
+    API; None: ``cfg.model`` and ``cfg.dataset`` name them."""
+    size = comm.size
+    workers = comm.agree(lambda: configuration.data_ranks(cfg, size, soft))   # asgd: the servers load no data
+    dataset = comm.agree(lambda: load_dataset(cfg.dataset, cfg.data_path) if dataset is None else dataset)
+    if cfg.augment != "none" and len(dataset.input_shape) != 3:
+        raise UserError(f"--augment {cfg.augment} needs images; {dataset.name} has flat feature vectors "
+                        f"of shape {dataset.input_shape}: use --augment none", collective=True)
+    options = {"widths": tuple(cfg.widths)} if cfg.widths else {}
+    model = comm.agree(lambda: build_model(cfg.model if model is None else model, dataset.input_shape,
+                                           dataset.num_classes, xp=xp, dtype=np.dtype(cfg.dtype), seed=cfg.seed,
+                                           **options))
+    comm.broadcast(model.params, root=0)
+    loader = comm.agree(lambda: None if comm.rank >= workers else ShardedLoader(
+        dataset.train_x, dataset.train_y, cfg.batch_size, comm.rank, workers, seed=cfg.seed,
+        augment=None if cfg.augment == "none" else cfg.augment, prefetch=backend.device() == "gpu"))
+    if loader is not None:
+        resources.enter_context(loader)      # closes its prefetch thread
+    E = loader.steps_per_epoch if workers == size else comm.broadcast_object(
+        loader and loader.steps_per_epoch, root=0)
+    total_steps = cfg.total_steps(E)
+    algo_cfg = comm.agree(lambda: configuration.algo_config(cfg, soft, E, total_steps, size))
+    cfg = configuration.resolved_settings(cfg, algo_cfg)
+    if ckpt_meta is not None:
+        comm.agree(lambda: configuration.check_resume(ckpt_meta.get("config", {}), cfg))
+    algo = comm.agree(lambda: build_algorithm(algo_cfg, model, comm))
+    comm.check_agreement(dict(algo.signature(), **{
+        "train.dataset": dataset.name, "train.samples": len(dataset.train_x), "train.test_samples": len(dataset.test_x),
+        "train.batch_size": cfg.batch_size, "train.seed": cfg.seed, "train.steps_per_epoch": E,
+        "train.total_steps": total_steps, "train.model": cfg.model}))
+    writer = resources.enter_context(CheckpointWriter(os.path.join(cfg.run_dir, "checkpoints"), cfg.keep_checkpoints))
+    return Job(cfg=cfg, algo_cfg=algo_cfg, dataset=dataset, model=model, loader=loader, algo=algo,
+               state=TrainingState(model, algo, loader), evaluator=Evaluator(comm, model, algo, dataset),
+               E=E, total_steps=total_steps, workers=workers, checkpoints=writer)
+
+
+def resume(job: Job, comm, ckpt_path: str, ckpt_meta: dict) -> None:
+    """Collective: every rank's state from the checkpoint rank 0 verified (on another number of
+    ranks: rebuilt from the old ranks' states, ``job.resize`` says how)."""
+    comm.agree(lambda: checkpoint.check_compatible(ckpt_meta, job.cfg.model, int(job.model.params.size)))
+    job.resize = checkpoint.restore(comm, ckpt_path, ckpt_meta, job.state)
+    job.state.check_consistent(ckpt_path)
+    job.last_checkpoint = ckpt_path

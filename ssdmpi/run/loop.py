@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ssdmpi import backend
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT
 from ssdmpi.phases import BREAKDOWN, breakdown, clock
-
-if TYPE_CHECKING:
-    from ssdmpi.report import Reporter
-    from ssdmpi.trainer import Job, Stop
+from ssdmpi.run.job import Job, Stop
+from ssdmpi.run.report import Reporter
+from ssdmpi.version import __version__
 
 # Per-step means summed (weighted by steps) into ``state.totals`` for the run summary.
 PER_STEP_TOTALS = ("step_s", "compute_s", "inflight_s", "wait_s", "bytes_sent", *BREAKDOWN)
@@ -26,10 +27,6 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
     stopped early)``, ``(0, None)`` when every step ran. Each iteration: this rank's batch, one
     algorithm step. At sync points the ranks sum their interval metrics and agree on signals
     and divergence; checkpoints and evaluations happen there too."""
-    import numpy as np
-
-    from ssdmpi import backend
-
     cfg, model, algo, loader, state = job.cfg, job.model, job.algo, job.loader, job.state
     state.start_clock()
     comm.stats.reset()
@@ -175,8 +172,6 @@ class Interval:
 
     def _read(self) -> tuple:
         if self._unread:
-            from ssdmpi import backend
-
             for value in backend.host_floats(self._unread):
                 if math.isfinite(value):
                     self._loss += value
@@ -335,8 +330,6 @@ def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None, r
     ``background``: return once the state is copied into host memory; a thread writes it and a
     later sync point commits it (``ssdmpi/checkpoint/writer.py``). Otherwise it is written and
     committed before this returns. Each commit is logged (``committed``)."""
-    from ssdmpi import __version__
-
     cfg, algo, state, E = job.cfg, job.algo, job.state, job.E
     algo.drain()
     if tree is None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
+from ssdmpi import backend, loggers
 from ssdmpi.algos import registry
-
-if TYPE_CHECKING:
-    from ssdmpi.trainer import Job
+from ssdmpi.config import changed_settings
+from ssdmpi.metrics import MetricsLog, Progress, atomic_write, counted, launcher_on_terminal
+from ssdmpi.run.job import Job
+from ssdmpi.run.setup import trim_metrics
+from ssdmpi.version import __version__
 
 
 class Reporter:
@@ -21,16 +23,13 @@ class Reporter:
     closes the display, the metrics file and the loggers."""
 
     def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
-        from ssdmpi import __version__, backend, loggers, run_setup
-        from ssdmpi.metrics import MetricsLog, Progress, launcher_on_terminal
-
         cfg, step = job.cfg, job.state.step
         self.log, self.loggers, self._job = None, [], job
         job.algo.on_delay_chosen = self.delay_chosen     # --delay auto: told when k is chosen
         if comm.rank == 0:
             metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
             if ckpt_path is not None:
-                run_setup.trim_metrics(metrics_path, step)
+                trim_metrics(metrics_path, step)
             self._write_config()
             self.log = MetricsLog(metrics_path)
             self.loggers = loggers.open_loggers(cfg, step if ckpt_path is not None else None)
@@ -46,8 +45,6 @@ class Reporter:
         if job.placement.shared_gpu:
             self.message(f"note: {job.placement.shared_gpu}")
         if ckpt_meta is not None:
-            from ssdmpi.config import changed_settings
-
             changes = changed_settings(ckpt_meta.get("config", {}), cfg)
             if changes:
                 self.message("settings changed since the checkpoint: " + ", ".join(changes))
@@ -55,8 +52,6 @@ class Reporter:
     def _write_config(self) -> None:
         """``config.yaml``: the resolved settings (``delay: auto`` stays auto, so feeding the file back
         measures again) and, as comments, where rank 0 ran and the k that auto chose."""
-        from ssdmpi.metrics import atomic_write
-
         job = self._job
         choice = getattr(job.algo, "delay_choice", None)
         atomic_write(os.path.join(job.cfg.run_dir, "config.yaml"),
@@ -93,9 +88,6 @@ class Reporter:
 
 def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
     """The line that opens a run: what trains on what, where."""
-    from ssdmpi import backend
-    from ssdmpi.metrics import counted
-
     cfg, model, dataset = job.cfg, job.model, job.dataset
     what = registry.algorithm(cfg.algo).describe(job.algo_cfg, job.workers)
     per = "worker" if job.workers < size else "rank"

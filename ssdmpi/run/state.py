@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 
+from ssdmpi import backend
 from ssdmpi.errors import UserError
 
 TOTAL_KEYS = ("steps", "wall", "compute_s", "inflight_s", "wait_s", "bytes_sent")
@@ -59,8 +60,6 @@ class TrainingState:
     def state_dict(self, copy: bool = True) -> dict:
         """This rank's whole state (drains the algorithm first): host copies, or with ``copy=False``
         the live buffers (device arrays on a GPU), valid until the next step."""
-        from ssdmpi import backend
-
         buffers = self.model.buffers()
         return {"algo": self.algo.state_dict(copy=copy),
                 "model": {"buffers": {k: backend.to_host(v).copy() for k, v in buffers.items()} if copy
@@ -100,8 +99,6 @@ class TrainingState:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from ``state_dict()``'s tree (arrays on the host); ``UserError`` if it does not fit."""
-        from ssdmpi import backend
-
         self.algo.load_state_dict(state["algo"])
         if state.get("model", {}).get("buffers"):
             self.model.load_buffers({k: backend.to_device(v) for k, v in state["model"]["buffers"].items()})

@@ -1,0 +1,97 @@
+"""``ssdmpi eval --checkpoint PATH``: rebuilds the checkpoint's model from its stored config,
+loads the global model ``W`` with the BatchNorm statistics of every rank that trained,
+averaged (``checkpoint.read_model``), and evaluates it on the test split of the checkpoint's
+dataset (or ``--dataset``) with ``ssdmpi.run.evaluation.evaluate``. Under ``mpiexec -n N`` the
+ranks share the work. ``--local`` evaluates rank 0's local model ``L`` with rank 0's own
+statistics instead (delay-stage checkpoints only). Each rank's threads and GPU are chosen as
+for ``ssdmpi train`` (``ssdmpi/comm/node.py``; ``--threads``, ``--gpu-id``).
+
+Imported when the CLI parser is built: what ``run`` needs is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+# --- ssdmpi eval ---------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="checkpoint (RUN/checkpoints/ckpt-<step>, or its best or last link) or a run "
+                             "directory (its newest checkpoint)")
+    parser.add_argument("--dataset", help="dataset to evaluate on (default: the checkpoint's)")
+    parser.add_argument("--data-path", metavar="PATH", help="where that dataset's files are")
+    parser.add_argument("--model", metavar="NAME|package.module:factory",
+                        help="the model to load the weights into (default: the checkpoint's; give it when the "
+                             "factory the run was trained with cannot be imported, e.g. it lived in its script)")
+    parser.add_argument("--local", action="store_true", help="evaluate rank 0's local model L instead of W")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="array backend")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="BLAS/OpenMP threads per rank (default: as ssdmpi train chooses, see its --help)")
+    parser.add_argument("--gpu-id", type=int, metavar="ID",
+                        help="CUDA device of this rank (default: as ssdmpi train chooses)")
+    parser.add_argument("--batch-size", type=int, metavar="N",
+                        help="samples per forward pass (memory only: the results do not depend on it; default: as "
+                             "ssdmpi train evaluates)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    """``ssdmpi eval``: rank 0 reads the checkpoint, every rank evaluates its shard."""
+    from ssdmpi.comm import node, world
+    from ssdmpi.comm.communicator import Communicator
+    from ssdmpi.run.evaluation import EVAL_BATCH, evaluate
+    from ssdmpi.validate import nonnegative_int, positive_int
+
+    if args.batch_size is not None:
+        positive_int("batch-size", args.batch_size)
+    if args.threads is not None:
+        positive_int("threads", args.threads)
+    if args.gpu_id is not None:
+        nonnegative_int("gpu-id", args.gpu_id)
+    path, meta, shared = world.on_root(lambda: _read_checkpoint(args))   # everyone: the same answer or error
+    placement = world.agree(lambda: node.place(node.discover(), args.device, args.threads, args.gpu_id))
+    model, dataset = world.agree(lambda: _restore_model(args, path, meta.get("config", {}), shared))
+    with Communicator(progress="blocking", stall_timeout=None) as comm:
+        loss, acc, n = evaluate(model, dataset.test_x, dataset.test_y, comm, args.batch_size or EVAL_BATCH)
+        if comm.rank == 0:
+            _report(args, path, meta, dataset, (loss, acc, n), placement.describe())
+    return 0
+
+
+def _read_checkpoint(args):
+    """Rank 0: ``(path, meta, shared)`` with ``shared["global_weights"]`` the model to evaluate and
+    ``shared["buffers"]`` its statistics (``checkpoint.read_model``: for ``W`` the training
+    ranks' averaged, for ``L`` rank 0's own)."""
+    from ssdmpi import checkpoint
+
+    path = checkpoint.resolve_path(args.checkpoint, deep=False)
+    meta, weights, buffers = checkpoint.read_model(path, local=args.local)
+    return path, meta, {"global_weights": weights, "buffers": buffers}
+
+
+def _restore_model(args, path: str, cfg: dict, shared: dict):
+    """The checkpoint's model (or ``--model``) with the weights and buffers to evaluate, and the dataset."""
+    from ssdmpi import backend, restore
+
+    dataset = restore.eval_dataset(path, cfg, args.dataset, args.data_path)
+    model = restore.build(path, cfg, dataset.input_shape, dataset.num_classes, args.model, xp=backend.get_xp(),
+                          instead="pass an importable --model package.module:factory (docs/API.md)")
+    model = restore.load_weights(model, shared, path, instead="evaluate it on the dataset it was trained on "
+                                                              "(--dataset), with its model (--model)")
+    return model, dataset
+
+
+def _report(args, path: str, meta: dict, dataset, result, placement: str) -> None:
+    loss, acc, n = result
+    which = "local model L of rank 0" if args.local else "global model W"
+    report = {"checkpoint": path, "model": meta.get("config", {})["model"], "dataset": dataset.name, "which": which,
+              "step": meta.get("step"), "epoch": meta.get("epoch"), "stage": meta.get("stage"),
+              "test_acc": acc, "test_loss": loss, "samples": n, "placement": f"rank 0: {placement}"}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{path}: {which} at step {meta.get('step')} (epoch {meta.get('epoch'):.2f}): "
+              f"test accuracy {acc:.2%}, loss {loss:.4f} on {n} samples of {dataset.name}")
+    sys.stdout.flush()
