@@ -202,7 +202,8 @@ def summary_text(s: dict) -> str:
                      f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
     if s.get("delay_auto"):
         d = s["delay_auto"]
-        lines.append(f"  delay auto: k = {d.get('delay')} (chosen at step {d.get('step')}: compute "
+        merge = f", d = {d['merge_delay']}" if d.get("merge_delay") is not None else ""
+        lines.append(f"  delay auto: k = {d.get('delay')}{merge} (chosen at step {d.get('step')}: compute "
                      f"{d.get('compute_s', 0) * 1e3:.1f} ms, allreduce {d.get('allreduce_s', 0) * 1e3:.1f} ms "
                      f"per step, {d.get('allreduce_cpu_s', 0) * 1e3:.1f} ms CPU in flight, update "
                      f"{d.get('update_s', 0) * 1e3:.1f} ms)")

@@ -24,15 +24,15 @@ The Algorithm API (what the trainer uses)
 
 ``algo.drain()``  (collective)
     Completes any request in flight. ``ssd --comm step`` applies the completed global
-    update at once; ``--comm period`` holds the result until the period end where the
+    update at once; ``--comm period`` holds the result until the iteration where the
     schedule applies it (see ``SSDPeriod``). Either way, continuing after ``drain()`` is
     bitwise the same as not draining. No-op for ssgd, localsgd and in the warm-up.
 
 ``algo.finalize()``  (collective)
     End of training: drain and apply every held result to ``W`` now (so ``W`` contains
-    every gradient that was communicated); ``delta-own`` also folds the partial period
-    into ``W`` with one blocking allreduce (docs/PERIOD_RULE.md 4), so ``W`` is the mean
-    of the ranks' local models. Not trajectory-preserving: call it once, at the end.
+    every gradient that was communicated); ``delta-merge`` and ``delta-own`` also fold the
+    progress not yet posted into ``W`` with one blocking allreduce (docs/PERIOD_RULE.md),
+    so ``W`` is the mean of the ranks' local models. Not trajectory-preserving: call it once, at the end.
 
 ``algo.global_weights()`` -> ``W`` (1-D view, identical on every rank);
 ``algo.local_weights()`` -> ``L`` (this rank's) or None outside the delay stage.
@@ -41,14 +41,14 @@ the next one); ``algo.s`` -> global steps applied to ``W`` (for localsgd and the
 rule: iterations' worth averaged into ``W``); ``algo.m`` -> ``t - T_w`` or None;
 ``algo.lr_global`` -> the global lr the next iteration steps with: ``eta_g(s)`` of the next
 global update, or ``eta_g(t)`` where the delay stage's only steps are SGD on ``L`` (localsgd,
-delta-own); ``algo.lr_local`` -> the lr of the next local step (None in the warm-up). These
+delta-merge, delta-own); ``algo.lr_local`` -> the lr of the next local step (None in the warm-up). These
 are what metrics.jsonl logs as ``lr`` and ``lr_local``.
 
 ``algo.state_dict() -> dict``  (collective: drains first)
     NumPy arrays and plain scalars (HDF5-storable): ``algo``, ``t``, ``s``, ``stage``,
     ``W``, ``M``; in the delay stage also ``L`` and the schedule's state: ``local.P``
     (glu-paper); ``period.acc``, ``period.has_Rp`` and, when 1, ``period.Rp`` (a drained,
-    not yet applied mean; --comm period); ``period.U``, ``period.S`` (delta-own); ``V``
+    not yet applied mean; --comm period); ``period.U``, ``period.S`` (delta-merge, delta-own); ``V``
     (localsgd). ``--comm step`` has nothing in flight after the drain. BatchNorm buffers are the trainer's
     (``model.buffers()``), as are data order and RNG state.
 ``algo.load_state_dict(d)``

@@ -1,18 +1,28 @@
-"""``--delay auto``: the delay ``k`` chosen from the SSGD warm-up's own measurements
-(docs/ALGORITHM.md section 12).
+"""``--delay auto``: the period ``k`` and the merge delay ``d`` of a period rule that has one (``delta-merge``)
+chosen from the SSGD warm-up's own measurements (docs/ALGORITHM.md section 12).
 
 Contract:
 
-- ``choose_delay(c, T, W=0, lo, hi)``: the smallest ``k`` in ``[lo, hi]`` that meets both
-  (``hi`` when none does): **hide** ``k * c >= (1 + SLACK) * T``, ``k`` steps of compute ``c``
-  cover one allreduce of time ``T`` with a margin (while the allreduce is in flight the compute
-  that hides it runs slower: the cores and the memory are shared with the transfer); **amortise**
-  ``c + W/k <= (1 + SLACK) * (c + W/hi)``, the work ``W`` that every period adds to its ``k``
-  steps costs each step at most ``SLACK`` more than at the longest delay. ``W`` is the CPU time an
-  allreduce in flight takes from this rank's compute (MPI's progress work, done inside the compute
-  thread's ``progress()`` calls on a node without a spare core) plus the period-end update (a pass
-  over the model's buffers, measured as the warm-up's global update). ``W = 0`` is the hide rule
-  alone. Pure.
+- ``choose_period(c, T, W=0, lo, hi, stable, d)``: ``(k, d)``. **Hide**: ``d`` is the smallest
+  ``d`` in ``[lo, hi]`` with ``d * c >= (1 + SLACK) * T`` (``hi`` when none is; or the ``d`` given):
+  the ``d`` steps of compute ``c`` between posting a period's sum and merging it cover one
+  allreduce of time ``T`` with a margin (while the allreduce is in flight the compute that hides
+  it runs slower: the cores and the memory are shared with the transfer). **Amortise**: ``k`` is
+  at least the smallest ``k`` with ``c + W/k <= (1 + SLACK) * (c + W/hi)``: the work ``W`` that
+  every period adds to its ``k`` steps costs each step at most ``SLACK`` more than at the longest
+  period. ``W`` is the CPU time an allreduce in flight takes from this rank's compute (MPI's
+  progress work, done inside the compute thread's ``progress()`` calls on a node without a spare
+  core) plus the period-end update (a pass over the model's buffers, measured as the warm-up's
+  global update); ``W = 0``: no such cost. **Stable**: ``k`` is the smallest such ``k >= d`` with
+  ``stable(k, d)``; when no ``k <= hi`` is, the next smaller ``d`` is tried (part of the allreduce
+  exposed rather than an unstable pair: the exposed wait ``T - d c`` then counts in ``W``, so the
+  period amortises it too); when none is, the longest stable ``k`` below the amortising one with
+  the smallest ``d`` (``lo``, or the given ``d``), and when there is none either, the amortising
+  ``k`` with that ``d``. Pure.
+- ``stable_region(mu, rule)``: the predicate ``stable(k, d)`` the trainer uses: the rule's (one with a
+  merge delay, ``RuleSpec.auto_chooses``) pair's largest
+  stable ``eta*h`` in the linear model (``ssdmpi/algos/stability.py``, scanned in steps of
+  ``AUTO_SCAN_STEP``) is at least ``AUTO_STABILITY`` times momentum SGD's own, ``2 (1 + mu)``.
 - ``probe_cpu(comm, buf, repeats)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
   of ``buf`` started with ``allreduce_start`` and polled every millisecond with ``test()``
   (the median of ``repeats``): the work that moves the data, without the waiting (a blocking
@@ -29,14 +39,13 @@ Contract:
   ``choose_delay(c, T, cpu_s + u)``. Every rank computes the same function of the same numbers, so
   every rank gets the same ``k``, however noisy its own clock. The median drops a cold first
   step and the odd pause; the maximum over ranks is the slowest rank, which sets the pace.
-- ``DelayChoice``: the result (``k``, the agreed ``compute_s``, ``allreduce_s``, ``cpu_s`` and
+- ``DelayChoice``: the result (``k``, ``d``, the agreed ``compute_s``, ``allreduce_s``, ``cpu_s`` and
   ``update_s``, the step it was chosen at, the samples per rank, the largest ``k`` allowed);
   ``record()`` is its ``kind: delay`` metrics record.
 
-``hi`` is ``--delay-max`` (default ``DELAY_RANGE[1]``): a cap on staleness for a model whose
-accuracy suffers at long periods. Both conditions are then judged within ``[1, hi]`` (amortise
-against ``k = hi``), so a cap below what hiding needs leaves part of the allreduce exposed: the
-user's trade of speed for accuracy (docs/ALGORITHM.md section 12).
+``hi`` is ``--delay-max`` (default ``DELAY_RANGE[1]``): a cap on the period. Every condition is
+then judged within ``[1, hi]`` (amortise against ``k = hi``), so a cap below what hiding needs
+leaves part of the allreduce exposed. ``--merge-delay D`` fixes ``d``; auto then chooses ``k``.
 
 The algorithm (``ssdmpi/algos/base.py``) owns the meter and the choice, checkpoints both
 (``state_dict``) and restores them: a run resumed after the choice keeps its ``k`` and never
@@ -45,6 +54,7 @@ measures again; one resumed inside the warm-up continues measuring with the samp
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -55,27 +65,68 @@ MIN_WARMUP_STEPS = 5      # fewer samples than this is not a measurement (the fi
 SLACK = 0.05              # hide with this margin; amortise: a step may cost this much more than at k = hi
 PROBE_REPEATS = 3         # probe allreduces at the switch (their median CPU time counts)
 PROBE_POLL_S = 0.001      # how often a probe is polled: the sleeps are what its CPU time leaves out
+AUTO_STABILITY = 0.5      # a chosen (k, d) is stable up to this fraction of momentum SGD's 2 (1 + mu)
+AUTO_SCAN_STEP = 0.01     # the stability scan's relative step for the choice (the published map: 0.2%)
 
 
-def choose_delay(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], hi: int = DELAY_RANGE[1]) -> int:
-    """The smallest ``k`` in ``[lo, hi]`` with ``k * c >= (1 + SLACK) * T`` and
-    ``c + W/k <= (1 + SLACK) * (c + W/hi)``; ``hi`` when none is.
-
-    ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0), ``W``: seconds of work
-    each period adds (the CPU an allreduce in flight takes from the compute, the period-end
-    update; >= 0). ``ValueError`` on non-finite or
-    out-of-range input (the trainer never passes such; a test does).
-    """
+def _check(c: float, T: float, W: float, lo: int, hi: int) -> None:
     if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
         raise ValueError(f"need integers 1 <= lo <= hi, got lo={lo!r}, hi={hi!r}")
     if not (math.isfinite(c) and math.isfinite(T) and math.isfinite(W)) or c <= 0 or T < 0 or W < 0:
         raise ValueError(f"need a finite compute time c > 0, allreduce time T >= 0 and CPU time W >= 0, "
                          f"got c={c!r}, T={T!r}, W={W!r}")
-    cover, budget = (1 + SLACK) * T, (1 + SLACK) * (c + W / hi)
-    for k in range(lo, hi + 1):
-        if k * c >= cover and c + W / k <= budget:
-            return k
-    return hi
+
+
+def choose_period(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], hi: int = DELAY_RANGE[1],
+                  stable=None, d: int | None = None) -> tuple[int, int]:
+    """``(k, d)``: ``d`` hides the allreduce, ``k >= d`` amortises the per-period work and is
+    ``stable(k, d)`` (see the module docstring; ``stable`` default: every pair).
+
+    ``c``: compute seconds per step (> 0), ``T``: allreduce seconds (>= 0), ``W``: seconds of work
+    each period adds (>= 0); ``d``: a fixed merge delay in ``[lo, hi]`` (``--merge-delay``).
+    ``ValueError`` on non-finite or out-of-range input (the trainer never passes such; a test does).
+    """
+    _check(c, T, W, lo, hi)
+    if d is not None and not (isinstance(d, int) and lo <= d <= hi):
+        raise ValueError(f"need a merge delay d in [{lo}, {hi}], got {d!r}")
+    stable = stable or (lambda k, d: True)
+    cover = (1 + SLACK) * T
+    if d is None:
+        d_hide = next((j for j in range(lo, hi + 1) if j * c >= cover), hi)
+        delays = range(d_hide, lo - 1, -1)
+    else:
+        delays = [d]
+
+    def amortising(dd: int) -> int:
+        work = W + max(0.0, T - dd * c)           # the wait d steps do not hide is per-period work too
+        return next((k for k in range(lo, hi + 1) if c + work / k <= (1 + SLACK) * (c + work / hi)), hi)
+
+    for dd in delays:
+        for k in range(max(amortising(dd), dd), hi + 1):
+            if stable(k, dd):
+                return k, dd
+    dd = delays[-1]
+    shorter = [k for k in range(max(amortising(dd), dd) - 1, dd - 1, -1) if stable(k, dd)]
+    return (shorter[0] if shorter else max(amortising(dd), dd)), dd
+
+
+@functools.cache
+def _stable(k: int, d: int, mu: float, rule: str) -> bool:
+    from ssdmpi.algos import stability  # NumPy: late (ssdmpi/config.py imports this module for the CLI)
+
+    bound = AUTO_STABILITY * 2 * (1 + mu)
+    x = stability.grid(stability.X_MIN, bound, AUTO_SCAN_STEP)
+    x = x if x[-1] >= bound else list(x) + [bound]
+    return bool((stability.spectral_radius(stability.period_map(rule, x, k, d, mu=mu))
+                 <= 1 + stability.TOL).all())
+
+
+def stable_region(mu: float, rule: str):
+    """``stable(k, d)`` of ``--delay auto`` at momentum ``mu``: ``rule`` (a period rule with a merge delay;
+    its linear map in ``ssdmpi/algos/stability.py``) at ``(k, d)`` is stable in the
+    linear model for every ``eta*h`` up to ``AUTO_STABILITY * 2 (1 + mu)`` (scanned from
+    ``stability.X_MIN`` in steps of ``AUTO_SCAN_STEP``, and at the bound itself)."""
+    return lambda k, d: _stable(int(k), int(d), float(mu), rule)
 
 
 def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS) -> float:
@@ -110,44 +161,54 @@ class DelayChoice:
     cpu_s: float = 0.0    # CPU seconds one allreduce in flight takes from the compute (probed; slowest rank)
     update_s: float = 0.0  # seconds of the global update per warm-up step (the period-end pass's stand-in)
     hi: int = DELAY_RANGE[1]  # the largest k it could choose (--delay-max)
+    d: int | None = None  # the merge delay (None: a checkpoint from before auto chose one)
 
     def record(self) -> dict:
         """The ``kind: delay`` metrics record (ssdmpi/metrics.py)."""
-        return {"kind": "delay", "step": self.step, "delay": self.k, "compute_s": self.compute_s,
-                "allreduce_s": self.allreduce_s, "allreduce_cpu_s": self.cpu_s, "update_s": self.update_s,
-                "samples": self.samples, "range": [DELAY_RANGE[0], self.hi]}
+        return {"kind": "delay", "step": self.step, "delay": self.k, "merge_delay": self.d,
+                "compute_s": self.compute_s, "allreduce_s": self.allreduce_s, "allreduce_cpu_s": self.cpu_s,
+                "update_s": self.update_s, "samples": self.samples, "range": [DELAY_RANGE[0], self.hi]}
 
     def text(self) -> str:
         """One line for the display and the summary."""
-        return (f"delay auto: k = {self.k} (chosen at step {self.step}: compute {self.compute_s * 1e3:.1f} ms, "
-                f"allreduce {self.allreduce_s * 1e3:.1f} ms per step, {self.cpu_s * 1e3:.1f} ms CPU in flight, "
-                f"update {self.update_s * 1e3:.1f} ms; median of {self.samples} warm-up steps, slowest rank; the "
-                f"smallest k in {DELAY_RANGE[0]}-{self.hi} with k*compute >= {1 + SLACK:g}*allreduce whose "
-                f"per-period CPU and update cost a step at most {SLACK:.0%} more than at k = {self.hi})")
+        return (f"delay auto: k = {self.k}, d = {self.d} (chosen at step {self.step}: compute "
+                f"{self.compute_s * 1e3:.1f} ms, allreduce {self.allreduce_s * 1e3:.1f} ms per step, "
+                f"{self.cpu_s * 1e3:.1f} ms CPU in flight, update {self.update_s * 1e3:.1f} ms; median of "
+                f"{self.samples} warm-up steps, slowest rank; d: the smallest with d*compute >= "
+                f"{1 + SLACK:g}*allreduce, k in {DELAY_RANGE[0]}-{self.hi}: the smallest whose per-period CPU and "
+                f"update cost a step at most {SLACK:.0%} more than at k = {self.hi} and whose (k, d) is stable "
+                f"in the linear model up to {AUTO_STABILITY:g} of momentum SGD's lr x curvature)")
 
     def state(self) -> dict:
         """Plain scalars for the checkpoint (``auto.*`` keys of the algorithm's state)."""
         return {"auto.k": self.k, "auto.compute_s": self.compute_s, "auto.allreduce_s": self.allreduce_s,
                 "auto.step": self.step, "auto.samples": self.samples, "auto.cpu_s": self.cpu_s,
-                "auto.update_s": self.update_s, "auto.hi": self.hi}
+                "auto.update_s": self.update_s, "auto.hi": self.hi,
+                **({"auto.d": self.d} if self.d is not None else {})}
 
     @classmethod
     def from_state(cls, d: dict) -> DelayChoice:
         """From ``state()``; a checkpoint written before the probe existed has no ``auto.cpu_s`` or
         ``auto.update_s`` (0: its ``k`` came from the hide rule alone), one written before
-        ``--delay-max`` no ``auto.hi`` (it was ``DELAY_RANGE[1]``)."""
+        ``--delay-max`` no ``auto.hi`` (it was ``DELAY_RANGE[1]``), one written before the merge
+        delay no ``auto.d`` (None)."""
         return cls(int(d["auto.k"]), float(d["auto.compute_s"]), float(d["auto.allreduce_s"]),
                    int(d["auto.step"]), int(d["auto.samples"]), float(d.get("auto.cpu_s", 0.0)),
-                   float(d.get("auto.update_s", 0.0)), int(d.get("auto.hi", DELAY_RANGE[1])))
+                   float(d.get("auto.update_s", 0.0)), int(d.get("auto.hi", DELAY_RANGE[1])),
+                   int(d["auto.d"]) if "auto.d" in d else None)
 
 
 class DelayMeter:
     """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s, update_s)``;
-    ``hi``: the largest ``k`` to choose (``--delay-max``)."""
+    ``hi``: the largest ``k`` to choose (``--delay-max``); ``mu``: the momentum (the stable region's);
+    ``d``: a fixed merge delay (``--merge-delay``), or None to choose it; ``rule``: the period rule
+    (``stable_region``)."""
 
-    def __init__(self, window: int = WINDOW, hi: int = DELAY_RANGE[1]):
+    def __init__(self, window: int = WINDOW, hi: int = DELAY_RANGE[1], mu: float = 0.9, d: int | None = None, *,
+                 rule: str):
         self.window = int(window)
         self.hi = int(hi)
+        self.mu, self.d, self.rule = float(mu), d, rule
         self.samples: list = []
 
     def add(self, compute_s: float, allreduce_s: float, update_s: float = 0.0) -> None:
@@ -164,7 +225,7 @@ class DelayMeter:
             fraction = min(1.0, c / T) if c > 0 else 1.0      # the same on every rank: agreed inputs
             cpu = comm.allreduce_scalars({"cpu": probe(fraction)}, op="max")["cpu"]
             agreed = dict(agreed, cpu=cpu / fraction)
-        return decide(agreed, step, self.hi)
+        return decide(agreed, step, self.hi, self.mu, self.d, rule=self.rule)
 
     def summary(self) -> dict:
         """This rank's side of the agreement: its medians, and ``-n`` (so the max is the fewest samples)."""
@@ -191,13 +252,17 @@ class DelayMeter:
                         for row in rows.reshape(-1, width)][-self.window:]
 
 
-def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1]) -> DelayChoice:
+def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1], mu: float = 0.9, d: int | None = None, *,
+           rule: str) -> DelayChoice:
     """The choice in ``[DELAY_RANGE[0], hi]`` from ``DelayMeter.summary()`` reduced with ``max``
-    over ranks, plus the probed ``cpu`` when there is one (the same on every rank)."""
+    over ranks, plus the probed ``cpu`` when there is one (the same on every rank); ``mu`` the
+    momentum, ``d`` a fixed merge delay (None: chosen), ``rule`` the period rule (``stable_region``)."""
     c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
     cpu, u = max(0.0, float(agreed.get("cpu", 0.0))), max(0.0, float(agreed.get("u", 0.0)))
-    # A clock too coarse to see the compute (c = 0) means compute is negligible: the longest delay.
     lo = DELAY_RANGE[0]
-    k = choose_delay(c, T, cpu + u, lo, hi) if c > 0 else (lo if T <= 0 else hi)
+    d = None if d is None else min(max(int(d), lo), hi)
+    # A clock too coarse to see the compute (c = 0): nothing hides the allreduce in any d; as if a
+    # step took one nanosecond.
+    k, d = choose_period(max(c, 1e-9), T, cpu + u, lo, hi, stable_region(mu, rule), d)
     return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u,
-                       hi=hi)
+                       hi=hi, d=d)

@@ -9,9 +9,10 @@ Buffers (1-D, the model's dtype and device):
 ``M`` is the global momentum buffer. Subclasses implement the delay stage
 (``_begin_delay``, ``_delay_step``) and their extra state.
 
-``--delay auto`` (``config.delay == "auto"``): ``k`` is None until the switch, where
-``ssdmpi/algos/auto_delay.py`` chooses it from the warm-up's measurements (collective);
-``delay_choice`` holds the result and ``on_delay_chosen`` (set by the trainer) is told of it.
+``--delay auto`` (``config.delay == "auto"``): ``k`` (and the merge delay ``d``, unless
+``--merge-delay`` fixes it) is None until the switch, where ``ssdmpi/algos/auto_delay.py``
+chooses it from the warm-up's measurements (collective); ``delay_choice`` holds the result and
+``on_delay_chosen`` (set by the trainer) is told of it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import numpy as np
 
 from ssdmpi import backend
-from ssdmpi.algos import auto_delay, resize
+from ssdmpi.algos import auto_delay, registry, resize
 from ssdmpi.algos.overlap import BackwardAllreduce
 from ssdmpi.algos.period import Counts
 from ssdmpi.errors import UserError
@@ -46,9 +47,15 @@ class Algorithm:
         self.N = int(communicator.size)
         self.auto = config.delay == "auto" and self.has_delay_stage
         self.k = None if self.auto else config.delay
+        # The merge delay d of a period rule that has one (its setting that --delay auto chooses with k;
+        # None otherwise, or until auto chooses it).
+        rule = registry.RULES.get(config.period_rule)
+        self._merge_delay = rule.auto_chooses if rule is not None else None
+        self.d = getattr(config, self._merge_delay) if self._merge_delay else None
         self.delay_choice = None          # --delay auto: the DelayChoice, once made
         self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
-        self._meter = auto_delay.DelayMeter(hi=config.delay_max) if self.auto else None
+        self._meter = auto_delay.DelayMeter(hi=config.delay_max, mu=config.momentum, d=self.d,
+                                            rule=config.period_rule) if self.auto else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()
@@ -149,10 +156,11 @@ class Algorithm:
         self.drain()
 
     def __repr__(self) -> str:
-        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-own, lr=0.1, ...)``: the key settings."""
+        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-merge, d=1, lr=0.1, ...)``: the key settings."""
         c = self.config
         k = "auto" if self.auto and self.k is None else self.k
-        keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule),
+        d = "auto" if self.auto and self.d is None and self._merge_delay else self.d
+        keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule), ("d", d),
                 ("local_update", c.local_update), ("local_lr", c.local_lr), ("lr", c.lr),
                 ("momentum", c.momentum), ("weight_decay", c.weight_decay))
         shown = ", ".join(f"{k}={v}" for k, v in keys if v is not None)
@@ -273,7 +281,7 @@ class Algorithm:
             return auto_delay.probe_cpu(self.comm, self.xp.zeros(max(1, int(fraction * n)), self.model.grads.dtype))
 
         self.delay_choice = self._meter.choose(self.comm, self.t, probe)
-        self.k = self.delay_choice.k
+        self.k, self.d = self.delay_choice.k, self.delay_choice.d
         if self.on_delay_chosen is not None:
             self.on_delay_chosen(self.delay_choice)
 
@@ -282,7 +290,7 @@ class Algorithm:
         inside the warm-up, the samples measured so far."""
         if "auto.k" in d:
             self.delay_choice = auto_delay.DelayChoice.from_state(d)
-            self.k = self.delay_choice.k
+            self.k, self.d = self.delay_choice.k, self.delay_choice.d
         elif str(d.get("stage")) == "delay":
             raise UserError("the checkpoint's delay stage has no --delay auto choice in it (was it trained with "
                             "a fixed --delay?); resume with that --delay")

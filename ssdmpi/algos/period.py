@@ -2,9 +2,10 @@
 
 A period is the ``k`` iterations ``m = j*k ... j*k + k - 1`` of the delay stage; its
 end is the iteration with ``(m + 1) % k == 0``. Each rule posts one nonblocking
-allreduce (mean over ranks) at a period's end and completes the previous period's at
-the same point, so every request has a whole period of compute to hide behind. Two
-buffers alternate: one accumulating, one in flight. ``g`` is this rank's MEAN gradient.
+allreduce at a period's end and completes it at the next period's end (a whole period
+of compute to hide behind) or, for a rule with a merge delay ``d`` (``PeriodState.d``),
+``d`` iterations later. Two buffers alternate: one accumulating, one in flight. ``g`` is
+this rank's MEAN gradient.
 
 Each rule is one file of ``ssdmpi/algos/rules/`` holding its ``PeriodRule`` subclass and its
 ``SPEC`` (``RuleSpec``: name, settings, reference twin), found there by the registry

@@ -278,6 +278,26 @@ class DeltaOwnTwin(StepTwin):
             sim.S = [L.copy() for L in sim.L]
 
 
+class DeltaMergeTwin(DeltaOwnTwin):
+    """docs/PERIOD_RULE.md 3, ``delta-merge``: the local step of delta-own; the sum posted at a period's
+    end is merged d iterations later: ``W <- W + mean D``, ``L <- W + (L - S)``, ``S <- W`` (before the
+    post when both fall on one iteration, d = k); at a period's end ``D = L - S`` is posted, ``S <- L``.
+    The end of training as delta-own."""
+
+    def step(self, grads, m):
+        sim = self.sim
+        k, d = sim.k, sim.cfg.merge_delay
+        self.local_step(grads)
+        if (m + 1 - d) % k == 0 and m + 1 - d >= k:
+            self.apply_pending()
+            sim.L = [sim.W + (sim.L[r] - sim.S[r]) for r in range(sim.N)]
+            sim.S = [sim.W.copy() for _ in range(sim.N)]
+        if (m + 1) % k == 0:
+            D = [sim.L[r] - sim.S[r] for r in range(sim.N)]
+            sim.pending = sim._mean(D)
+            sim.S = [L.copy() for L in sim.L]
+
+
 class LocalSGDTwin(StepTwin):
     """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W (and at the end,
     mid-period)."""

@@ -70,6 +70,22 @@ def _auto_warmup(run) -> None:
                         "(--warmup-steps or --warmup-epochs) or give a fixed --delay K")
 
 
+def _auto_applies(run) -> None:
+    """``--delay auto`` chooses a period and the merge delay that hides its allreduce: it needs a period
+    rule with one (``RuleSpec.auto_chooses``); elsewhere nothing is in flight across steps to hide."""
+    if run.rule is not None and run.rule.auto_chooses:
+        return
+    if run.comm == "step":
+        raise UserError("--delay auto does not apply to --comm step (it sends every step, overlapped with one "
+                        "step: k does not hide it); give a fixed --delay K, or use --comm period")
+    if run.rule is not None:
+        with_one = _or(f"--period-rule {r}" for r, s in RULES.items() if s.auto_chooses)
+        raise UserError(f"--delay auto chooses the period and the merge delay of {with_one}; --period-rule "
+                        f"{run.period_rule} has no merge delay: give a fixed --delay K, or use {with_one}")
+    raise UserError(f"--delay auto does not apply to --algo {run.algo} ({run.spec.why}: there is no allreduce "
+                    "in flight to hide); give a fixed --delay K")
+
+
 def _local_update_refusal(run) -> str:
     rule = f" --comm {run.comm} --period-rule {run.period_rule}" if run.period_rule else ""
     add_comm = run.spec.uses("comm") and "comm" not in run.spec.fixed and run.given.get("comm") is None
@@ -100,8 +116,8 @@ RULE_SETTINGS = tuple(s for spec in RULES.values() for s in spec.settings)
 
 
 def _rule_setting(s: Setting, rule: str) -> Setting:
-    """A rule's own setting: it applies with that rule only."""
-    return dataclasses.replace(s, where=f"--comm period --period-rule {rule}",
+    """A rule's own setting: it applies with that rule only, and is one of the algorithm's settings."""
+    return dataclasses.replace(s, where=f"--comm period --period-rule {rule}", group=ALGORITHM,
                                applies=lambda run, base=s.applies: run.period_rule == rule
                                and (base is None or base(run)))
 
@@ -118,14 +134,14 @@ SETTINGS = {s.name: s for s in (
     Setting("weight_decay", 1e-4, "weight decay on weights and BN gamma", float,
             functools.partial(number, low=0.0), group=OPTIMIZER),
     Setting("algo", "ssd", "training algorithm", group=ALGORITHM, structural=True),   # choices: below
-    Setting("delay", 5, "delay k, iterations between pulls of the global model (localsgd: between model averages); "
-            "auto: the smallest k (1-32) that hides the allreduce and amortises the CPU time it takes in flight, "
+    Setting("delay", 5, "delay k, iterations between pulls of the global model (--comm period: the period; "
+            "localsgd: between model averages); auto (--comm period with a rule that has a merge delay): the merge "
+            "delay d that hides the allreduce and the period k that amortises it, within the rule's stable region, "
             "measured in the SSGD warm-up (needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)",
             delay_value, _delay, metavar="K|auto", group=ALGORITHM, context_check=_auto_warmup, structural=True,
             bench_tag="k{}"),
-    Setting("delay_max", DELAY_RANGE[1], "the largest k --delay auto may choose: a cap on staleness for a model "
-            "whose accuracy drops at long periods (e.g. 5: the accuracy table's k; below what hiding the allreduce "
-            "needs, part of it is exposed)", int, positive_int, metavar="K",
+    Setting("delay_max", DELAY_RANGE[1], "the largest k (and d) --delay auto may choose: a cap on staleness "
+            "(below what hiding the allreduce needs, part of it is exposed)", int, positive_int, metavar="K",
             group=ALGORITHM, applies=lambda run: run.delay == "auto", where="--delay auto",
             note="it caps the k auto chooses", bench_tag="max{}"),
     Setting("warmup_steps", 0, "SSGD warm-up iterations", int, nonnegative_int, metavar="T", group=ALGORITHM,
@@ -292,6 +308,10 @@ def resolve(values: dict, world_size: int | None = None) -> Run:
         run.applied.add(name)
         if name == "period_rule":
             run["rule"] = RULES.get(run.period_rule)
+    if run.delay == "auto":
+        _auto_applies(run)
+        if values.get(run.rule.auto_chooses) is None:
+            run[run.rule.auto_chooses] = None       # chosen with k at the switch (ssdmpi/algos/auto_delay.py)
     if run.local_lr is None and "local_lr" in run.applied and world_size is not None:
         run["local_lr"] = world_size * run.lr
     if spec.check is not None:

@@ -12,10 +12,12 @@ What happens to each part of the state (docs/ALGORITHM.md section 6):
   same global sum the old ranks would have posted), the warm-up samples of ``--delay auto``.
   For ``--comm step`` nothing is in flight after the checkpoint's drain: the in-flight sum was
   already applied to ``W``;
-- **delta-own** (``merge_displacements``): the held mean displacement and the ranks' mean
-  displacement of the partial period are merged into ``W`` (``W <- W + Rp + mean(L - S)``, what
-  ``finalize`` does), and the period restarts from there: ``L = S = W`` on every rank, nothing in
-  flight; its end posts the displacement made since the resume;
+- **delta-merge and delta-own** (``merge_displacements``): the held mean displacement and the
+  ranks' mean displacement of the partial period are merged into ``W`` (``W <- W + Rp + mean(L - S)``,
+  what ``finalize`` does), and the period restarts from there: ``L = S = W`` on every rank, nothing in
+  flight; its end posts the displacement made since the resume. A delta-merge sum in flight
+  mid-delay (posted, not yet merged) is the held ``Rp``: merged now; its merge iteration then has
+  nothing to add;
 - **asgd** (``asgd``): the servers' ``W`` and ``M`` are kept exactly (the servers, hence their
   shards, are the same), every worker starts from a fresh pull of ``W``, and the staleness
   counters restart (``version = s``, ``pushes = t``).
@@ -59,7 +61,7 @@ def averaged(ctx) -> tuple[dict, str]:
 
 
 def merge_displacements(state: dict, k: int) -> str:
-    """delta-own: ``W <- W + Rp + mean(L - S)`` (``s += k`` for a held ``Rp``), then ``L = S = W``
+    """delta-merge, delta-own: ``W <- W + Rp + mean(L - S)`` (``s += k`` for a held ``Rp``), then ``L = S = W``
     and nothing held. ``state`` is ``averaged``'s (``L``, ``period.S`` and ``period.U`` are means)."""
     W = state["W"]
     if int(state.get("period.has_Rp", 0)):

@@ -123,7 +123,10 @@ class RuleSpec:
     ``implementation``: its ``PeriodRule`` class; ``reference``: ``"module:Name"`` of its twin in
     the reference simulator; ``settings``: its own settings (declared here, applying only to it);
     ``uses_local_update``: its delay stage steps with ``--local-update``; ``variant``: the settings of
-    its ``period/<name>`` benchmark variant; ``default``: it is the default rule (one rule is).
+    its ``period/<name>`` benchmark variant; ``default``: it is the default rule (one rule is);
+    ``auto_chooses``: its setting that ``--delay auto`` chooses with ``k`` (a merge delay: the
+    iterations the allreduce has to hide behind; the choice keeps to the rule's stable region, its
+    linear map of the same name in ``ssdmpi/algos/stability.py``), None: ``--delay auto`` is refused.
     """
 
     name: str
@@ -134,6 +137,7 @@ class RuleSpec:
     uses_local_update: bool = False
     variant: dict = field(default_factory=dict)
     default: bool = False
+    auto_chooses: str | None = None
 
 
 def load(path: str):

@@ -125,7 +125,7 @@ class SSDPeriod(_SSDBase):
             self._make_local()
         c = self.config
         state = PeriodState(xp=self.xp, W=self.W, M=self.M, L=self.L, mask=self.mask, counts=self.counts, N=self.N,
-                            k=self.k, d=None, T_w=self.T_w, momentum=c.momentum, weight_decay=c.weight_decay,
+                            k=self.k, d=self.d, T_w=self.T_w, momentum=c.momentum, weight_decay=c.weight_decay,
                             schedule=self.schedule, global_sgd=self.global_sgd, local=self.local,
                             local_lr=self.local_lr_at, comm=self.comm, poll=self.poll)
         self.rule = self.rule_spec.implementation(state)

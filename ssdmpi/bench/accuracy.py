@@ -5,12 +5,13 @@ The table that chose the defaults of ``--local-update``, ``--period-rule`` and `
 (``ssdmpi/algos/reference.py``: ``N`` workers in one process, pure NumPy, no MPI), so the
 numbers depend only on the algorithm, not on the network or the number of cores.
 
-One configuration = (model, N, variant, k). Each runs ``epochs * steps_per_epoch``
+One configuration = (model, lr, N, variant, k, seed). Each runs ``epochs * steps_per_epoch``
 iterations (an epoch is ``floor(n_train / (N * B))`` iterations, the sharded loader's
 policy, so every variant of a row sees the same samples in the same order), then
 ``Simulation.finalize()`` (the end-of-training flush: what is in flight is applied to
-``W``; ``delta-own`` folds its partial period in), then the accuracy of ``W`` on the whole
-test set. Model initialisation and data order use ``--seed``, identical for every variant.
+``W``; ``delta-merge`` and ``delta-own`` fold the progress not yet posted in), then the accuracy of ``W`` on the whole
+test set. Model initialisation and data order use the seed, identical for every variant.
+``--lr`` and ``--seed`` take lists: one command runs the whole grid.
 
 Variants (``--variants``, comma separated; every algorithm's and period rule's named
 configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algorithm takes
@@ -21,6 +22,9 @@ configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algor
     step/glu-paper          ssd --comm step --local-update glu-paper (local lr N * lr)
     step/sgd                ssd --comm step --local-update sgd       (local lr N * lr)
     period/delta-own        ssd --comm period --period-rule delta-own
+    period/delta-merge      ssd --comm period --period-rule delta-merge (its default merge delay);
+                            period/delta-merge:d=D with --merge-delay D (skipped where D > k: a
+                            rule's setting by its bench tag, where the run takes it)
     period/replay           ssd --comm period --period-rule replay --local-update global-momentum
     odsgd                   ssd --comm step with k = 1 (no k)
     localsgd                blocking periodic averaging, local momentum
@@ -29,23 +33,29 @@ configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algor
                             an iteration in worker order (``ASGDSimulation``); like ssgd it
                             has no k, so it has one column per row
 
-Outputs: a Markdown table on stdout (rows model x N; columns variant x k; cells
-``accuracy% [difference to ssgd of the row, points]``); with ``--out DIR`` also
+Outputs: Markdown tables on stdout, one per k (rows model x lr x N; columns the variants;
+a cell is ``accuracy% [difference to ssgd of the row, points]``, with several seeds the mean
+over the seeds, the difference paired by seed and averaged, and the range over the seeds:
+``mean [mean difference] (min..max)``); with ``--out DIR`` also
 ``DIR/results.csv`` (one row per configuration, appended as each finishes, so an
 interrupted sweep keeps what it did; ``--resume`` skips configurations already there)
 and ``DIR/results.md`` (the table) and ``DIR/result.json`` (every row, the command line and the
-machine: ``ssdmpi/bench/result.py``), both rewritten after each configuration.
+machine: ``ssdmpi/bench/result.py``), both rewritten after each configuration. ``--resume
+--no-run`` rewrites these two from the rows already there and runs nothing (a cell with fewer
+seeds than the sweep's says so).
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import sys
 import time
 
 from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
+from ssdmpi.bench.flags import CommaList
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
 
@@ -55,7 +65,7 @@ VARIANTS = registry.variants()
 # Variants without a delay/period k: one configuration (k = 0) and one column per row.
 NO_DELAY = tuple(v for v, s in VARIANTS.items() if not registry.ALGORITHMS[s["algo"]].takes("delay"))
 BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]].baseline)   # ssgd
-DEFAULT_VARIANTS = ("ssgd", "step/global-momentum", "step/glu-paper", "step/sgd", "period/delta-own", "localsgd")
+DEFAULT_VARIANTS = ("ssgd", f"period/{registry.DEFAULT_RULE}", "period/delta-own", "step/global-momentum", "localsgd")
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
 SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "momentum", "weight_decay",
@@ -72,7 +82,8 @@ def add_arguments(parser) -> None:
                         help=f"variants, from {', '.join(VARIANTS)} (default %(default)s)")
     parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default %(default)s)")
     parser.add_argument("--data-path", default=None, metavar="PATH", help="dataset directory or file")
-    parser.add_argument("--lr", type=float, default=0.02, help="global learning rate, constant (default %(default)s)")
+    parser.add_argument("--lr", action=CommaList, default="0.02", metavar="LR1,LR2",
+                        help="global learning rates, constant (default %(default)s)")
     parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
                         help="momentum mu (default %(default)s, as ssdmpi train)")
     parser.add_argument("--weight-decay", type=float, default=registry.SETTINGS["weight_decay"].default,
@@ -84,12 +95,16 @@ def add_arguments(parser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on a fixed random subset of N training samples (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="model-initialisation and data-order seed (default 0)")
+    parser.add_argument("--seed", action=CommaList, default="0", metavar="S1,S2",
+                        help="model-initialisation and data-order seeds (default %(default)s)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations run in parallel processes (default %(default)s)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write DIR/results.csv and DIR/results.md")
     parser.add_argument("--resume", action="store_true",
                         help="with --out: keep DIR's results.csv and skip the configurations already in it")
+    parser.add_argument("--no-run", action="store_true",
+                        help="with --out DIR --resume: rewrite DIR/results.md and DIR/result.json from the rows "
+                             "already in results.csv and run nothing (the others shown as not run)")
 
 
 # --- arguments -------------------------------------------------------------------------
@@ -125,14 +140,14 @@ def parse(args) -> tuple[list[dict], dict]:
     if not models or bad:
         raise UserError(f"--models: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(MODELS)}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
+    bad = [v for v in variants if not _known(v)]
     if not variants or bad:
         raise UserError(f"--variants: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(VARIANTS)}")
     ranks = _int_list(args.ranks, "ranks", 1)
     delays = _int_list(args.delays, "delays", 1)
     epochs = _epochs(args.epochs, models)
-    if not args.lr > 0:
-        raise UserError(f"--lr must be > 0, got {args.lr}")
+    lrs = parse_list(args.lr, "--lr", float, minimum=0, strict=True)
+    seeds = parse_list(args.seed, "--seed", int, minimum=0)
     if not 0 <= args.momentum < 1:
         raise UserError(f"--momentum must be in [0, 1), got {args.momentum}")
     if args.weight_decay < 0:
@@ -141,8 +156,6 @@ def parse(args) -> tuple[list[dict], dict]:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.warmup_steps < 0:
         raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-    if args.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     if args.train_subset is not None and args.train_subset < max(ranks) * args.batch_size:
@@ -150,21 +163,70 @@ def parse(args) -> tuple[list[dict], dict]:
                         f"({max(ranks)} x {args.batch_size}); use more samples")
     if args.resume and not args.out:
         raise UserError("--resume needs --out DIR (the sweep to continue)")
-    settings = dict(dataset=args.dataset, lr=args.lr, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
-                    momentum=args.momentum, weight_decay=args.weight_decay,
-                    train_subset=args.train_subset or 0, seed=args.seed)
+    if args.no_run and not args.resume:
+        raise UserError("--no-run renders the rows a sweep already has: give it with --out DIR --resume")
+    settings = dict(dataset=args.dataset, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
+                    momentum=args.momentum, weight_decay=args.weight_decay, train_subset=args.train_subset or 0)
     configs = []
-    # Variant-major inside a row, k = 5 first: an interrupted sweep has the requirement's column.
+    # Model-major (the cheaper model first on the command line gets its whole table first), then
+    # seed-major, variant-major inside a row, k = 5 first: an interrupted sweep has whole tables.
     k_order = sorted(delays, key=lambda k: (k != 5, k))
     for model in models:
-        for k in k_order:
-            for n in ranks:
-                for v in variants:
-                    if v in NO_DELAY and k != k_order[0]:
-                        continue
-                    configs.append(dict(model=model, N=n, variant=v, k=0 if v in NO_DELAY else k,
-                                        epochs=epochs[model], **settings))
+        for seed in seeds:
+            for lr in lrs:
+                for k in k_order:
+                    for n in ranks:
+                        for v in variants:
+                            if (v in NO_DELAY and k != k_order[0]) or not _runs_at(v, k):
+                                continue
+                            configs.append(dict(model=model, N=n, variant=v, k=0 if v in NO_DELAY else k,
+                                                epochs=epochs[model], lr=lr, seed=seed, **settings))
     return configs, epochs
+
+
+def _own_setting(variant: str) -> dict:
+    """What ``BASE:TAG=V`` adds to the variant ``BASE``: a setting of its period rule named by the setting's
+    bench tag (``period/delta-merge:d=2``: ``merge_delay`` 2), checked; ``{}`` for a plain name of
+    ``VARIANTS``. ``ValueError`` or ``UserError`` when it is neither."""
+    base, _, param = variant.partition(":")
+    if base not in VARIANTS:
+        raise ValueError(variant)
+    if not param:
+        return {}
+    tag, _, value = param.partition("=")
+    rule = registry.RULES.get(VARIANTS[base].get("period_rule"))
+    for s in (rule.settings if rule is not None else ()):
+        if s.bench_tag and s.bench_tag.split("{")[0] == tag:
+            s.validate(s.type(value))
+            return {s.name: s.type(value)}
+    raise ValueError(variant)
+
+
+def _known(variant: str) -> bool:
+    """A name of ``VARIANTS``, or one with a setting of its rule (``_own_setting``)."""
+    try:
+        _own_setting(variant)
+    except (ValueError, UserError):
+        return False
+    return True
+
+
+def _runs_at(variant: str, k: int) -> bool:
+    """``ssdmpi train`` takes ``variant`` at period ``k`` (``period/delta-merge:d=3`` does not at ``k = 2``)."""
+    try:
+        registry.resolve({**variant_settings(variant, k), "warmup_steps": 0})
+    except UserError:
+        return False
+    return True
+
+
+def variant_settings(variant: str, k: int) -> dict:
+    """``AlgoConfig`` keywords of ``variant`` at period/delay ``k`` (none for ``NO_DELAY`` variants)."""
+    base = variant.partition(":")[0]
+    algo = dict(VARIANTS[base])
+    if base not in NO_DELAY:
+        algo["delay"] = k
+    return {**algo, **_own_setting(variant)}
 
 
 def _key(row: dict) -> tuple:
@@ -205,9 +267,7 @@ def run_config(cfg: dict, data_path: str | None = None) -> dict:
     # N = the workers that train on data (asgd's server is an extra rank: world N + servers).
     loaders = [ShardedLoader(x, y, cfg["batch_size"], r, n, cfg["seed"]) for r in range(n)]
     steps = max(1, int(round(cfg["epochs"] * loaders[0].steps_per_epoch)))
-    algo = dict(VARIANTS[cfg["variant"]])
-    if cfg["variant"] not in NO_DELAY:
-        algo["delay"] = cfg["k"]
+    algo = variant_settings(cfg["variant"], cfg["k"])
     config = AlgoConfig(lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"],
                         warmup_steps=cfg["warmup_steps"], **algo)
     start = time.perf_counter()
@@ -222,34 +282,58 @@ def run_config(cfg: dict, data_path: str | None = None) -> dict:
 
 # --- the table -------------------------------------------------------------------------
 
-def table(rows: list[dict], models, ranks, variants, delays) -> str:
-    """Markdown: rows model x N, columns variant x k; ``acc [acc - ssgd of the row]``, '—' if not run."""
-    acc = {(r["model"], int(r["N"]), r["variant"], int(r["k"])): float(r["acc_W"]) for r in rows}
-    columns = [(v, k) for v in variants for k in ([0] if v in NO_DELAY else delays)]
-    head = ["model", "N"] + [v if v in NO_DELAY else f"{v} k={k}" for v, k in columns]
+def table(rows: list[dict], models, lrs, ranks, variants, k: int, seeds: int = 1) -> str:
+    """Markdown for one ``k``: rows model x lr x N, a column per variant (``NO_DELAY`` ones at k = 0).
+
+    A cell over the seeds run: ``mean [mean difference to ssgd, paired by seed] (min..max)``;
+    one seed: ``acc [difference]``; the bracket is left out where the row's ssgd did not run
+    for any of the cell's seeds, and the cell is '—' where nothing ran. A cell with fewer of
+    the sweep's ``seeds`` than that says how many it has (``2 of 3 seeds``)."""
+    acc = {}
+    for r in rows:
+        key = (r["model"], float(r["lr"]), int(r["N"]), r["variant"], int(r["k"]))
+        acc.setdefault(key, {})[int(r["seed"])] = float(r["acc_W"])
+    head = ["model", "lr", "N"] + [v if v in NO_DELAY else f"{v} k={k}" for v in variants]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model in models:
-        for n in ranks:
-            ref = acc.get((model, n, BASELINE, 0))
-            cells = [model, str(n)]
-            for v, k in columns:
-                a = acc.get((model, n, v, k))
-                if a is None:
-                    cells.append("—")
-                elif ref is None:
-                    cells.append(f"{a:.2f}")
-                else:
-                    cells.append(f"{a:.2f} [{a - ref:+.2f}]")
-            lines.append("| " + " | ".join(cells) + " |")
+        for lr in lrs:
+            for n in ranks:
+                ref = acc.get((model, lr, n, BASELINE, 0), {})
+                cells = [model, f"{lr:g}", str(n)]
+                for v in variants:
+                    runs = acc.get((model, lr, n, v, 0 if v in NO_DELAY else k), {})
+                    cells.append(_cell(runs, ref, seeds))
+                lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _cell(runs: dict, ref: dict, seeds: int = 1) -> str:
+    """``{seed: acc}`` and the row's ssgd ``{seed: acc}`` -> the table cell (see ``table``)."""
+    if not runs:
+        return "—"
+    values = list(runs.values())
+    text = f"{sum(values) / len(values):.2f}"
+    paired = [runs[s] - ref[s] for s in runs if s in ref]
+    if paired:
+        text += f" [{sum(paired) / len(paired):+.2f}]"
+    spread = [f"{min(values):.2f}..{max(values):.2f}"] if len(values) > 1 else []
+    if len(values) < seeds:
+        spread.append(f"{len(values)} of {seeds} seeds")
+    if spread:
+        text += f" ({', '.join(spread)})"
+    return text
+
+
 def with_diffs(rows: list[dict]) -> list[dict]:
-    """Each row plus ``diff_vs_ssgd`` (points; '' when the row's ssgd did not run)."""
-    ref = {(r["model"], int(r["N"])): float(r["acc_W"]) for r in rows if r["variant"] == BASELINE}
+    """Each row plus ``diff_vs_ssgd`` (points, against the ssgd of the same model, lr, N and seed;
+    '' when that did not run)."""
+    def key(r):
+        return (r["model"], float(r.get("lr", 0)), int(r["N"]), int(r.get("seed", 0)))
+
+    ref = {key(r): float(r["acc_W"]) for r in rows if r["variant"] == BASELINE}
     out = []
     for r in rows:
-        base = ref.get((r["model"], int(r["N"])))
+        base = ref.get(key(r))
         out.append(dict(r, diff_vs_ssgd="" if base is None else round(float(r["acc_W"]) - base, 2)))
     return out
 
@@ -315,13 +399,19 @@ def _typed(value):
     return value
 
 
-def _report(args, rows, models, ranks, variants, delays, epochs, pending: int) -> str:
-    settings = (f"dataset {args.dataset}, batch {args.batch_size} per worker, lr {args.lr} (constant), "
+def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pending: int) -> str:
+    settings = (f"dataset {args.dataset}, batch {args.batch_size} per worker, constant lr, "
                 f"momentum {args.momentum}, weight decay {args.weight_decay}, warm-up {args.warmup_steps} "
                 f"iterations, epochs {', '.join(f'{m} {e:g}' for m, e in epochs.items())}, "
-                f"train subset {args.train_subset or 'all'}, seed {args.seed}")
-    text = ["Final test accuracy (%) of W after finalize [difference to ssgd of the row, points]; "
-            "reference simulator.", "", settings, "", table(rows, models, ranks, variants, delays), ""]
+                f"train subset {args.train_subset or 'all'}, seeds {', '.join(map(str, seeds))}")
+    what = ("mean over the seeds [difference to ssgd of the row, paired by seed, mean] (min..max over the seeds)"
+            if len(seeds) > 1 else "[difference to ssgd of the row, points]")
+    text = [f"Final test accuracy (%) of W after finalize, {what}; reference simulator.", "", settings, ""]
+    with_k = [v for v in variants if v not in NO_DELAY]
+    for k in (delays if with_k else delays[:1]):
+        cols = [v for v in variants if v in NO_DELAY or _runs_at(v, k)]
+        text += [f"### k = {k}" if with_k else "### every variant without k", "",
+                 table(rows, models, lrs, ranks, cols, k, len(seeds)), ""]
     if pending:
         text += [f"({pending} configuration(s) not run yet: '—')", ""]
     return "\n".join(text)
@@ -332,7 +422,11 @@ def run(args) -> int:
     models = list(epochs)
     ranks = _int_list(args.ranks, "ranks", 1)
     delays = _int_list(args.delays, "delays", 1)
+    lrs = parse_list(args.lr, "--lr", float)
+    seeds = parse_list(args.seed, "--seed", int)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    report = functools.partial(_report, args, models=models, lrs=lrs, ranks=ranks, variants=variants,
+                               delays=delays, epochs=epochs, seeds=seeds)
     done = []
     if args.out:
         previous = _prepare_out(args.out, args.resume)
@@ -342,6 +436,11 @@ def run(args) -> int:
         configs = [c for c in configs if _key(c) not in have]
         if done:
             print(f"resume: {len(done)} configuration(s) already in {args.out}/results.csv", file=sys.stderr)
+    if args.no_run:
+        rows = with_diffs(done)
+        _write_results(args.out, report(rows, pending=len(configs)), rows)
+        print(report(rows, pending=len(configs)))
+        return 0
     from ssdmpi.data import load_dataset
     load_dataset(args.dataset, args.data_path)      # fail early (and, with fork, load once for all jobs)
     rows = list(done)
@@ -349,14 +448,13 @@ def run(args) -> int:
 
     def record(row):
         rows.append(row)
-        print(f"[{len(rows) - len(done)}/{total}] {row['model']} N={row['N']} {row['variant']}"
-              f"{'' if row['variant'] in NO_DELAY else ' k=' + str(row['k'])}: {row['acc_W']:.2f}% "
-              f"({row['seconds']} s)", file=sys.stderr, flush=True)
+        print(f"[{len(rows) - len(done)}/{total}] {row['model']} lr={row['lr']:g} N={row['N']} {row['variant']}"
+              f"{'' if row['variant'] in NO_DELAY else ' k=' + str(row['k'])} seed={row['seed']}: "
+              f"{row['acc_W']:.2f}% ({row['seconds']} s)", file=sys.stderr, flush=True)
         if args.out:
             _append_csv(args.out, row)
             diffs = with_diffs(rows)
-            _write_results(args.out, _report(args, diffs, models, ranks, variants, delays, epochs,
-                                             total - len(rows) + len(done)), diffs)
+            _write_results(args.out, report(diffs, pending=total - len(rows) + len(done)), diffs)
 
     if args.jobs == 1 or total <= 1:
         for cfg in configs:
@@ -372,7 +470,7 @@ def run(args) -> int:
                 record(future.result())
     rows = with_diffs(rows)
     if args.out:
-        _write_results(args.out, _report(args, rows, models, ranks, variants, delays, epochs, 0), rows)
-    print(_report(args, rows, models, ranks, variants, delays, epochs, 0))
+        _write_results(args.out, report(rows, pending=0), rows)
+    print(report(rows, pending=0))
     return 0
 

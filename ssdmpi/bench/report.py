@@ -53,9 +53,9 @@ allowed values, per key) and extended by ``add``; a column is ``[key, header, fo
 seconds shown in ms; a column with a format is right-aligned; blank where a row has no value; a
 list, one value per run, is shown comma-separated). A claim's value is one such row's ``field``
 (exactly one row must match), or ``"agg": "min" | "max" | "maxabs"`` (the largest absolute
-value) over every matching row and every value of a list, or ``{"ratio": [A, B]}`` /
-``{"difference": [A, B]}`` of two values; the claim is met when every value passes ``test``
-(``>=``, ``<=``, ``>``, ``<``).
+value) ``| "mean"`` (e.g. over the seeds of one configuration) over every matching row and
+every value of a list, or ``{"ratio": [A, B]}`` / ``{"difference": [A, B]}`` of two values;
+the claim is met when every value passes ``test`` (``>=``, ``<=``, ``>``, ``<``).
 """
 
 from __future__ import annotations
@@ -161,9 +161,10 @@ def claim_value(entry: Entry, spec: dict) -> float:
     if agg == "one" and len(values) != 1:
         raise UserError(f"{entry.where()}: {spec.get('where', {})} matches {len(values)} rows of result "
                         f"{spec['result']!r}; narrow it or give \"agg\"")
-    if agg not in ("one", "min", "max", "maxabs"):
-        raise UserError(f"{entry.where()}: \"agg\": {agg!r}; use min, max or maxabs")
-    return {"one": values[0], "min": min(values), "max": max(values), "maxabs": max(abs(v) for v in values)}[agg]
+    if agg not in ("one", "min", "max", "maxabs", "mean"):
+        raise UserError(f"{entry.where()}: \"agg\": {agg!r}; use min, max, maxabs or mean")
+    return {"one": values[0], "min": min(values), "max": max(values), "maxabs": max(abs(v) for v in values),
+            "mean": sum(values) / len(values)}[agg]
 
 
 def fmt(value, template: str = "{}", scale: float = 1) -> str:

@@ -174,11 +174,19 @@ def parse_variant(text: str) -> Variant:
         registry.resolve({"algo": name, "warmup_steps": None, **given})    # what the run would refuse
     except (ValueError, UserError, ArgumentTypeError):
         raise UserError(f"--variants: {text!r} is not understood; use ssgd, odsgd, ssd:period:K, ssd:step:K, "
-                        "localsgd:K or asgd:S (K a positive integer, and ssd also takes auto or auto:M, M the "
-                        "--delay-max; S servers)") from None
+                        "localsgd:K or asgd:S (K a positive integer; ssd:period also takes auto or auto:M, M the "
+                        f"--delay-max{_rule_tags()}; S servers)") from None
     settings = {k: given.get(k, registry.SETTINGS[k].default) for k in spec.bench} | given
     tags = [registry.SETTINGS[k].bench_tag.format(v) for k, v in settings.items()]
     return Variant("-".join([name] + tags), name, settings)
+
+
+def _rule_tags() -> str:
+    """``, and ssd:period:K:dD (--merge-delay D with --period-rule delta-merge)``: each rule's own settings
+    a variant may add by their tags."""
+    tags = [f"ssd:period:K:{s.bench_tag.format(s.metavar or 'V')} (--{s.flag} {s.metavar or 'V'} with "
+            f"--period-rule {rule})" for rule, spec in registry.RULES.items() for s in spec.settings if s.bench_tag]
+    return "".join(f", and {t}" for t in tags)
 
 
 def _tagged(spec, part: str) -> str:
@@ -500,8 +508,8 @@ def add_arguments(parser) -> None:
     deprecated_alias(parser, "--k", delays)
     parser.add_argument("--variants", metavar="V1,V2",
                         help="explicit variants instead of the default list: ssgd, odsgd, ssd:period:K, "
-                             "ssd:step:K, localsgd:K (ssd K may be auto: --delay auto, or auto:M: with --delay-max M), "
-                             "asgd:S (S parameter servers, on ranks of their own)")
+                             "ssd:step:K, localsgd:K (ssd:period K may be auto: --delay auto, or auto:M: with "
+                             f"--delay-max M{_rule_tags()}), asgd:S (S parameter servers, on ranks of their own)")
 
 
 def add_run_arguments(parser, kind: str) -> None:

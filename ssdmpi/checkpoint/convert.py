@@ -19,12 +19,16 @@ from ssdmpi.checkpoint import sharded, store
 from ssdmpi.checkpoint.format import CheckpointError
 from ssdmpi.checkpoint.snapshot import HostBuffers
 
+# The keys a run shares (``Algorithm.replicated()``: ssdmpi/algos/base.py, period.py). Other arrays may be
+# equal on every rank by chance (delta-merge's ``S`` right after a merge is ``W``): they stay per rank.
+SHAREABLE = ("W", "M", "period.Rp")
+
 
 def _replicated(states: list) -> tuple:
-    """Paths ``algo/<key>`` of the 1-D arrays equal on every rank."""
+    """Paths ``algo/<key>`` of the ``SHAREABLE`` 1-D arrays equal on every rank."""
     first = states[0].get("algo", {})
     return tuple(f"algo/{key}" for key, value in first.items()
-                 if isinstance(value, np.ndarray) and value.ndim == 1
+                 if key in SHAREABLE and isinstance(value, np.ndarray) and value.ndim == 1
                  and all(np.array_equal(s.get("algo", {}).get(key), value) for s in states[1:]))
 
 

@@ -86,6 +86,7 @@ def optimizer_cases(xp, n: int = 300_001, dtype=np.float32):
         "glu-paper (local, snapshot)": lambda: fused.glu_paper(glu, L, G, P, lr * lam, C, N, -(lr * 0.5), True),
         "delta-own step": lambda: fused.delta_own_step(own, M, L, G, lr * lam, mu, lr),
         "delta-own boundary": lambda: fused.delta_own_boundary(own, W, L, S, D, True),
+        "delta-merge merge": lambda: fused.merge_restart(own, W, L, S),
     }
 
 

@@ -69,6 +69,9 @@ KERNELS = {
     "ssdmpi_delta_own_boundary": (
         "T W, int32 changed", "T L, T S, T D",
         "T d = L - S; D = d; if (changed) L = W + d; S = L;"),
+    "ssdmpi_merge_restart": (
+        "T W", "T L, T S",
+        "T d = L - S; L = W + d; S = W;"),
 }
 _built: dict = {}
 
@@ -283,3 +286,16 @@ def delta_own_boundary(plan: Plan, W, L, S, D, changed: bool) -> None:
         if changed:
             np.add(W[sl], d, x)
         S[sl] = x
+
+
+def merge_restart(plan: Plan, W, L, S) -> None:
+    """The merge of ``delta-merge`` (after ``W`` got the merged mean): ``L = W + (L - S); S = W``."""
+    plan.check(W, L, S)
+    if plan.device:
+        plan.kernel("ssdmpi_merge_restart")(W, L, S)
+        return
+    for sl, _, _ in plan.walk():
+        x, w = L[sl], W[sl]
+        np.subtract(x, S[sl], x)
+        np.add(w, x, x)
+        S[sl] = w

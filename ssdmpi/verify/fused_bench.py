@@ -83,6 +83,12 @@ def unfused_delta_own_boundary(W, L, S, D, changed):
     S[...] = L
 
 
+def unfused_merge_restart(W, L, S, tmp):
+    np.subtract(L, S, out=tmp)
+    np.add(W, tmp, out=L)
+    S[...] = W
+
+
 def wide_mlp_mask(dtype=np.float32):
     """The wide-mlp's flat decay mask: each layer's weights (1) then its bias (0)."""
     parts = []

@@ -70,6 +70,8 @@ for k in (1, 2, 5):
         CONFIGS.append(dict(algo="ssd", comm="step", delay=k, local_update=lu))
         CONFIGS.append(dict(algo="ssd", comm="period", period_rule="replay", delay=k, local_update=lu))
     CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-own", delay=k))
+    for d in sorted({1, min(2, k), k}):
+        CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-merge", delay=k, merge_delay=d))
     CONFIGS.append(dict(algo="localsgd", delay=k))
 CONFIGS.append(dict(algo="odsgd"))
 CONFIGS.append(dict(algo="ssgd"))
@@ -79,6 +81,8 @@ CONFIGS.append(dict(algo="ssd", comm="step", delay=2, local_update="glu-paper", 
                     local_lr_schedule={"kind": "step", "every": 3, "gamma": 0.5}))
 CONFIGS.append(dict(algo="ssd", comm="period", period_rule="replay", delay=2, lr_schedule="cosine", total_steps=14))
 CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-own", delay=2, lr_schedule="poly", total_steps=14))
+CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-merge", delay=3, merge_delay=2, lr_schedule="cosine",
+                    total_steps=20))
 CONFIGS.append(dict(algo="localsgd", delay=2, lr_schedule={"kind": "step", "every": 4}))
 
 
@@ -120,7 +124,10 @@ def test_reference_match(communicator, settings):
 
 @pytest.mark.parametrize("settings", [dict(algo="ssd", comm="step", local_update="glu-paper"),
                                       dict(algo="ssd", comm="period", period_rule="replay"),
-                                      dict(algo="ssd", comm="period", period_rule="delta-own")], ids=cfg_id)
+                                      dict(algo="ssd", comm="period", period_rule="delta-own"),
+                                      dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1),
+                                      dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2)],
+                         ids=cfg_id)
 def test_reference_match_float32_is_bitwise_up_to_two_ranks(communicator, settings):
     """In float32 too: at 1-2 ranks the MPI path and the reference do the same operations."""
     N, rank = communicator.size, communicator.rank
@@ -210,11 +217,15 @@ STATE_CONFIGS = [dict(algo="ssd", comm="step", local_update="glu-paper"),
                  dict(algo="ssd", comm="period", period_rule="replay", local_update="glu-paper"),
                  dict(algo="ssd", comm="period", period_rule="replay"),
                  dict(algo="ssd", comm="period", period_rule="delta-own"),
+                 dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2),
+                 dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1),
                  dict(algo="localsgd"), dict(algo="odsgd"), dict(algo="ssgd")]
 
 
 @pytest.mark.parametrize("settings", STATE_CONFIGS, ids=cfg_id)
-@pytest.mark.parametrize("stop_at", [2, 9, 10])   # warm-up; mid-period (delay 3, T_w 3); a period end
+# delay 3, T_w 3: warm-up; right after a period end; one and two iterations later (delta-merge d=2:
+# mid-delay both, the sum in flight; d=1: after its merge)
+@pytest.mark.parametrize("stop_at", [2, 9, 10, 11])
 def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
     """Export mid-run (drains), import into fresh objects, continue == never stopping."""
     N, rank = communicator.size, communicator.rank
@@ -252,7 +263,7 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
         assert np.array_equal(resumed.local_weights(), straight.local_weights())
 
 
-@pytest.mark.parametrize("settings", STATE_CONFIGS[:5], ids=cfg_id)
+@pytest.mark.parametrize("settings", STATE_CONFIGS[:7], ids=cfg_id)
 def test_drain_then_continue_is_bitwise_the_same(communicator, settings):
     """Draining after every iteration does not change the trajectory."""
     N, rank = communicator.size, communicator.rank

@@ -1,11 +1,11 @@
 """``--delay auto`` on N MPI ranks (tests/run.py: 1, 2 and 4).
 
-The oracle: auto changes only WHEN k is fixed, never the math, so a run with ``--delay auto``
-must equal, bit for bit, the run with the fixed ``--delay K`` it chose; and every rank must
-choose the same K. Timings are real in the first test (whatever K this machine gives) and
-injected in the others (rank-dependent and noisy, so that each rank's own measurements would
-choose differently; injected per process, so a resumed run that measured again would choose
-another K and be caught).
+The oracle: auto changes only WHEN k and the merge delay d are fixed, never the math, so a run
+with ``--delay auto`` must equal, bit for bit, the run with the fixed ``--delay K --merge-delay D``
+it chose; and every rank must choose the same (K, D). Timings are real in the first test
+(whatever (K, D) this machine gives) and injected in the others (rank-dependent and noisy, so that
+each rank's own measurements would choose differently; injected per process, so a resumed run
+that measured again would choose another (K, D) and be caught).
 """
 
 import json
@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from ssdmpi.algos import AlgoConfig, auto_delay, build_algorithm
-from ssdmpi.algos.auto_delay import DelayMeter, choose_delay
+from ssdmpi.algos.auto_delay import DelayMeter, choose_period, stable_region
 from ssdmpi.cli import main
 from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.errors import REQUEUE_EXIT
@@ -24,20 +24,20 @@ from tests.checkpoints import fields
 from tests.mpi.test_algos import B, communicator, dataset, tiny_mlp  # noqa: F401 (communicator: a fixture)
 from tests.mpi.test_resume import all_ranks, newest_checkpoint, shared_tmpdir
 
-SETTINGS = [dict(algo="ssd", comm="period", period_rule="delta-own"),
-            dict(algo="ssd", comm="period", period_rule="replay"),
-            dict(algo="ssd", comm="step", local_update="glu-paper"),
-            dict(algo="localsgd")]
+SETTINGS = [dict(algo="ssd", comm="period", period_rule="delta-merge"),
+            dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2)]
+STABLE = stable_region(0.9, "delta-merge")
 WARMUP = 8
 # the meter's own method: inject() wraps it, never an earlier inject()'s wrapper (a second inject
 # must change what the meter sees, or a resumed run that measured again would go unseen)
 ADD = DelayMeter.add
 
 
-def inject(monkeypatch, compute_s: float, allreduce_s: float, seed: int = 0, skew: float = 0.01, noise: float = 0.02):
+def inject(monkeypatch, compute_s: float, allreduce_s: float, seed: int = 0, skew: float = 0.01, noise: float = 0.02,
+           update_s: float = 0.0):
     """Make every rank's meter see these times: compute slower by ``skew`` per rank, both times
-    with uniform noise of +-``noise``, and no update time; the CPU probe still runs its
-    allreduces, but reports no CPU time (so k is the hide rule's, as ``times_for`` computes it)."""
+    with uniform noise of +-``noise``, and ``update_s`` of update time (exact); the CPU probe still
+    runs its allreduces, but reports no CPU time (so the per-period work is ``update_s``)."""
     real_probe = auto_delay.probe_cpu
     monkeypatch.setattr(auto_delay, "probe_cpu", lambda comm, buf, *a, **kw: real_probe(comm, buf, *a, **kw) * 0.0)
     rank = MPI.COMM_WORLD.Get_rank()
@@ -46,7 +46,7 @@ def inject(monkeypatch, compute_s: float, allreduce_s: float, seed: int = 0, ske
 
     def add(self, c, T, u=0.0):
         original(self, compute_s * (1 + skew * rank) * rng.uniform(1 - noise, 1 + noise),
-                 allreduce_s * rng.uniform(1 - noise, 1 + noise))
+                 allreduce_s * rng.uniform(1 - noise, 1 + noise), update_s)
 
     monkeypatch.setattr(DelayMeter, "add", add)
 
@@ -67,12 +67,14 @@ def trajectory(cfg, comm, steps_after_switch):
 
 
 def auto_equals_fixed(cfg, comm):
-    """Run auto, then the fixed k it chose: every step's W and L bitwise equal; return (k, auto)."""
+    """Run auto, then the fixed (k, d) it chose: every step's W and L bitwise equal; return (k, auto)."""
     auto, got = trajectory(AlgoConfig(delay="auto", warmup_steps=WARMUP, lr=0.05, **cfg), comm, lambda k: 4 * k + 2)
-    k = auto.k
-    assert all_ranks(k) == [k] * comm.size, "ranks chose different k"
-    assert auto.delay_choice.k == k and auto.delay_choice.step == WARMUP
-    _, want = trajectory(AlgoConfig(delay=k, warmup_steps=WARMUP, lr=0.05, **cfg), comm, lambda _: 4 * k + 2)
+    k, d = auto.k, auto.d
+    assert all_ranks((k, d)) == [(k, d)] * comm.size, "ranks chose different (k, d)"
+    assert (auto.delay_choice.k, auto.delay_choice.d) == (k, d) and auto.delay_choice.step == WARMUP
+    assert d == cfg.get("merge_delay", d) and 1 <= d <= k and STABLE(k, d)
+    fixed = dict(cfg, merge_delay=d)
+    _, want = trajectory(AlgoConfig(delay=k, warmup_steps=WARMUP, lr=0.05, **fixed), comm, lambda _: 4 * k + 2)
     assert len(got) == len(want) == WARMUP + 4 * k + 2
     for t, ((W, L), (W0, L0)) in enumerate(zip(got, want)):
         assert np.array_equal(W, W0), f"W differs at t={t} (k={k})"
@@ -80,35 +82,41 @@ def auto_equals_fixed(cfg, comm):
     return k, auto
 
 
-@pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(d.values()))
+@pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(map(str, d.values())))
 def test_auto_with_real_timings_equals_the_fixed_k_it_chose(communicator, cfg):  # noqa: F811
     auto_equals_fixed(cfg, communicator)
 
 
-@pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(d.values()))
+@pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(map(str, d.values())))
 def test_noisy_ranks_agree_on_one_k_and_auto_equals_that_fixed_k(communicator, cfg, monkeypatch):  # noqa: F811
-    # compute 10, 11, 12, 13 ms on ranks 0-3, allreduce 48.5 ms: alone, rank 3 would choose 4, the others 5
-    inject(monkeypatch, compute_s=0.010, allreduce_s=0.0485 / (1 + auto_delay.SLACK), skew=0.1)
+    # compute 10, 11, 12, 13 ms on ranks 0-3, allreduce 48.5 ms, 2 ms of update: alone, rank 3 would
+    # choose d = 4, the others 5 (and k from stability: 17)
+    inject(monkeypatch, compute_s=0.010, allreduce_s=0.0485 / (1 + auto_delay.SLACK), skew=0.1, update_s=0.002)
     k, auto = auto_equals_fixed(cfg, communicator)
-    own = all_ranks(choose_delay(auto._meter.summary()["c"], auto._meter.summary()["T"]))
-    assert k == min(own) and k in (4, 5)
-    if communicator.size == 4:
+    summary = auto._meter.summary()
+    own = all_ranks(choose_period(summary["c"], summary["T"], summary["u"], stable=STABLE,
+                                  d=cfg.get("merge_delay"))[1])
+    assert auto.d == min(own) and auto.d in ((4, 5) if "merge_delay" not in cfg else (2,))
+    if communicator.size == 4 and "merge_delay" not in cfg:
         assert len(set(own)) > 1, f"the ranks' own medians should disagree here: {own}"
 
 
 # --- ssdmpi train: resume, records ----------------------------------------------------------
 
-K_FIRST, K_OTHER = 3, 6      # what the injected times choose before / after the stop
-S = 2 * (WARMUP + 3 * K_FIRST + 2)          # 38: S/2 = 19 is m = 11, two steps into a period
+# What the injected times choose before / after the stop: d = 1 (10 ms of compute hide a 5 ms
+# allreduce), and k the smallest stable period (the map: 3, 5, 7, ... at d = 1) that amortises the
+# update time: 2 ms ask for k >= 4, 1 ms for k >= 2.
+(K_FIRST, D_FIRST, U_FIRST), (K_OTHER, D_OTHER, U_OTHER) = (5, 1, 0.002), (3, 1, 0.001)
+S = 2 * (WARMUP + 3 * K_FIRST + 2)          # 50: S/2 = 25 is m = 17, two steps into a period
 ARGS = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
         "--seed", "5", "--eval-every", "0", "--log-every", "1000", "--keep-checkpoints", "0", "--no-progress-bar",
         "--algo", "ssd", "--comm", "period", "--warmup-steps", str(WARMUP), "--steps", str(S)]
 
 
-def times_for(k: int) -> tuple:
-    """(compute, allreduce) seconds that ``inject``'s default skew and noise turn into ``k`` at 1-4 ranks
-    ((1 + SLACK) T / c stays within (k - 1, k]: 5.5 * 0.98 / (1.03 * 1.02) > 5 for k = 6)."""
-    return 0.010, 0.010 * (k - 0.5) / (1 + auto_delay.SLACK)
+def times_for(k: int) -> dict:
+    """``inject``'s times that its default skew and noise turn into (k, d) = (K_FIRST, D_FIRST) or
+    (K_OTHER, D_OTHER) at 1-4 ranks."""
+    return dict(compute_s=0.010, allreduce_s=0.005, update_s=U_FIRST if k == K_FIRST else U_OTHER)
 
 
 def same_final_state(a: str, b: str) -> list:
@@ -132,29 +140,32 @@ def test_a_two_part_auto_run_equals_one_fixed_run_and_resume_keeps_k(monkeypatch
     inside the warm-up, it measures on with the checkpointed samples (5 of the 8 say K_FIRST, so the
     medians do). Either way the result is bitwise the fixed --delay K_FIRST run."""
     size, ok = MPI.COMM_WORLD.Get_size(), [0] * MPI.COMM_WORLD.Get_size()
-    for k in (K_FIRST, K_OTHER):
-        c, T = times_for(k)
-        assert choose_delay(c * 1.03 * 1.02, T * 0.98) == k == choose_delay(c * 0.98, T * 1.02)
+    for k, d in ((K_FIRST, D_FIRST), (K_OTHER, D_OTHER)):
+        t = times_for(k)
+        for c, T in ((t["compute_s"] * 1.03 * 1.02, t["allreduce_s"] * 0.98), (t["compute_s"] * 0.98,
+                                                                                 t["allreduce_s"] * 1.02)):
+            assert choose_period(c, T, t["update_s"], stable=STABLE) == (k, d)
     tmp = shared_tmpdir()
     fixed, split = os.path.join(tmp, "fixed"), os.path.join(tmp, "split")
-    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", str(K_FIRST)] + ARGS)) == ok
+    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", str(K_FIRST), "--merge-delay", str(D_FIRST)]
+                          + ARGS)) == ok
 
-    inject(monkeypatch, *times_for(K_FIRST), seed=1)
+    inject(monkeypatch, **times_for(K_FIRST), seed=1)
     codes = all_ranks(main(["train", "--run-dir", split, "--delay", "auto", "--stop-at-step", str(stop_at)] + ARGS))
     assert codes == [REQUEUE_EXIT] * size
-    inject(monkeypatch, *times_for(K_OTHER), seed=2)       # what a second measurement would see
+    inject(monkeypatch, **times_for(K_OTHER), seed=2)      # what a second measurement would see
     assert all_ranks(main(["train", "--run-dir", split, "--delay", "auto", "--resume", "auto"] + ARGS)) == ok
 
     want = K_FIRST
     if MPI.COMM_WORLD.Get_rank() == 0:
         records = delay_records(split)
-        assert [r["delay"] for r in records] == [want] and records[0]["step"] == WARMUP
+        assert [(r["delay"], r["merge_delay"]) for r in records] == [(want, D_FIRST)] and records[0]["step"] == WARMUP
         with open(os.path.join(split, "summary.json")) as f:
             summary = json.load(f)
         assert summary["delay_auto"]["delay"] == want and summary["config"]["delay"] == "auto"
         with open(os.path.join(split, "config.yaml")) as f:
             text = f.read()
-        assert "\ndelay: auto\n" in text and f"# delay auto: k = {want} " in text
+        assert "\ndelay: auto\n" in text and f"# delay auto: k = {want}, d = {D_FIRST} " in text
     diff = MPI.COMM_WORLD.bcast(same_final_state(fixed, split) if MPI.COMM_WORLD.Get_rank() == 0 else None)
     assert diff == [], f"the auto run is not bitwise the fixed --delay {K_FIRST} run: {diff}"
 
@@ -167,8 +178,9 @@ def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch
     run = os.path.join(tmp, "run")
     seen = []
     original = auto_delay.decide
-    monkeypatch.setattr(auto_delay, "decide", lambda agreed, *a: seen.append(agreed) or original(agreed, *a))
-    inject(monkeypatch, *times_for(2), seed=3)
+    monkeypatch.setattr(auto_delay, "decide",
+                        lambda agreed, *a, **kw: seen.append(agreed) or original(agreed, *a, **kw))
+    inject(monkeypatch, **times_for(K_OTHER), seed=3)
     assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--stop-at-step", "5"] + ARGS)) == \
         [REQUEUE_EXIT] * size
     assert all_ranks(main(["train", "--run-dir", run, "--delay", "auto", "--resume", "auto"] + ARGS)) == [0] * size
@@ -177,19 +189,20 @@ def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch
 
 @pytest.mark.timeout(300)
 def test_delay_max_caps_the_choice_and_the_capped_run_equals_that_fixed_k(monkeypatch):
-    """``--delay-max 4`` where the measurements ask for 6: every rank takes 4, the record and
-    ``config.yaml`` say so, and the run is bitwise the fixed ``--delay 4`` run."""
+    """``--delay-max 4`` where the measurements ask for (5, 1): amortised against the cap, k = 2 would
+    do, which is unstable at d = 1 (the map), so every rank takes 3; the record and ``config.yaml``
+    say so, and the run is bitwise the fixed ``--delay 3 --merge-delay 1`` run."""
     size, cap = MPI.COMM_WORLD.Get_size(), 4
     tmp = shared_tmpdir()
     fixed, capped = os.path.join(tmp, "fixed"), os.path.join(tmp, "capped")
-    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", str(cap)] + ARGS)) == [0] * size
-    inject(monkeypatch, *times_for(K_OTHER), seed=4)
+    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", "3", "--merge-delay", "1"] + ARGS)) == [0] * size
+    inject(monkeypatch, **times_for(K_FIRST), seed=4)
     assert all_ranks(main(["train", "--run-dir", capped, "--delay", "auto", "--delay-max", str(cap)] + ARGS)) == \
         [0] * size
     if MPI.COMM_WORLD.Get_rank() == 0:
         (record,) = delay_records(capped)
-        assert record["delay"] == cap and record["range"] == [1, cap], record
+        assert (record["delay"], record["merge_delay"]) == (3, 1) and record["range"] == [1, cap], record
         with open(os.path.join(capped, "config.yaml")) as f:
             assert f"\ndelay_max: {cap}\n" in f.read()
     diff = MPI.COMM_WORLD.bcast(same_final_state(fixed, capped) if MPI.COMM_WORLD.Get_rank() == 0 else None)
-    assert diff == [], f"the capped auto run is not bitwise the fixed --delay {cap} run: {diff}"
+    assert diff == [], f"the capped auto run is not bitwise the fixed --delay 3 run: {diff}"

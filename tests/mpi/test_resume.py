@@ -55,13 +55,20 @@ CASES = {
     "ssd-step-float64": ["--algo", "ssd", "--comm", "step", "--delay", str(K), "--warmup-steps", str(WARMUP),
                          "--dtype", "float64"],
     "ssd-period": ["--algo", "ssd", "--comm", "period", "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    # delta-merge with d = 3, stopped at m = 17 between the post at m = 14 and its merge at m = 17: the
+    # drained sum is held in the checkpoint (with the default d = 1, "ssd-period", it was merged at m = 15)
+    "ssd-period-mid-delay": ["--algo", "ssd", "--comm", "period", "--merge-delay", "3", "--delay", str(K),
+                             "--warmup-steps", str(WARMUP)],
+    "ssd-period-delta-own": ["--algo", "ssd", "--comm", "period", "--period-rule", "delta-own", "--delay", str(K),
+                             "--warmup-steps", str(WARMUP)],
     "ssgd": ["--algo", "ssgd"],
     "localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP)],
 }
 
 
-def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
-    """Run S steps straight, and stopped at S/2 + resumed; return (arrays that differ, arrays compared)."""
+def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True, held=None):
+    """Run S steps straight, and stopped at S/2 + resumed; return (arrays that differ, arrays compared).
+    ``held``: whether the checkpoint at S/2 must hold a drained sum of ``--comm period`` (``period.has_Rp``)."""
     tmp = shared_tmpdir()
     straight, split = os.path.join(tmp, "straight"), os.path.join(tmp, "split")
 
@@ -69,10 +76,15 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
     codes = all_ranks(main(["train", "--run-dir", split, "--stop-at-step", str(S // 2)] + args))
     assert codes == [REQUEUE_EXIT] * MPI.COMM_WORLD.Get_size()
     assert newest_checkpoint(split) == f"ckpt-{S // 2:08d}"
-    if MPI.COMM_WORLD.Get_rank() == 0 and check_mid_period:
+    stop = None
+    if MPI.COMM_WORLD.Get_rank() == 0:                 # read by rank 0, checked on every rank
         stopped = fields(os.path.join(split, "checkpoints", newest_checkpoint(split)))
-        assert stopped["meta/stage"] == "delay"     # stopped inside the delay stage, mid-period
-        assert (S // 2 - warmup) % k != 0
+        stop = (stopped["meta/stage"], [v for n, v in stopped.items() if n.endswith("/algo/period.has_Rp")])
+    stage, has_rp = MPI.COMM_WORLD.bcast(stop, root=0)
+    if check_mid_period:
+        assert stage == "delay" and (S // 2 - warmup) % k != 0     # stopped inside the delay stage, mid-period
+    if held is not None:
+        assert has_rp == [int(held)] * MPI.COMM_WORLD.Get_size()
     assert all_ranks(main(["train", "--run-dir", split, "--resume", "auto"] + args)) == [0] * MPI.COMM_WORLD.Get_size()
 
     result = None
@@ -88,7 +100,9 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True):
 @pytest.mark.parametrize("case", list(CASES))
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
     args = COMMON + ["--steps", str(S)] + CASES[case]
-    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=case.startswith("ssd"))
+    held = {"ssd-period-mid-delay": True, "ssd-period": False}.get(case)
+    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=case.startswith("ssd"),
+                                                 held=held)
     assert diff == [], f"not bitwise identical after resume: {diff}"
     last = f"rank_{MPI.COMM_WORLD.Get_size() - 1:04d}"
     assert {"shared/algo/W", "shared/algo/M", f"{last}/algo/t", f"{last}/loader/sample_offset"} <= set(compared)

@@ -8,8 +8,8 @@ from ssdmpi.errors import UserError
 
 def test_defaults_resolve_per_algorithm():
     ssd = AlgoConfig().validate(world_size=4)
-    assert (ssd.algo, ssd.delay, ssd.comm, ssd.period_rule, ssd.warmup_steps) == ("ssd", 5, "period",
-                                                                                  "delta-own", 0)
+    assert (ssd.algo, ssd.delay, ssd.comm, ssd.period_rule, ssd.merge_delay, ssd.warmup_steps) == \
+        ("ssd", 5, "period", "delta-merge", 1, 0)
     assert ssd.local_lr is None and ssd.glu_divisor is None and ssd.local_update is None
     step = AlgoConfig(comm="step").validate(world_size=4)
     assert (step.local_update, step.period_rule) == ("global-momentum", None)
@@ -33,10 +33,21 @@ def test_a_local_update_without_comm_says_it_needs_comm_step():
 
 def test_period_rule_defaults_when_comm_period():
     c = AlgoConfig(comm="period").validate(2)
-    assert c.period_rule == "delta-own"
-    assert c.local_update is None                    # delta-own has its own local step (PERIOD_RULE.md 3)
+    assert c.period_rule == "delta-merge"
+    assert c.local_update is None and c.merge_delay == 1   # delta-merge has its own local step (PERIOD_RULE.md)
     assert AlgoConfig(comm="period", period_rule="replay").validate(2).local_update == "global-momentum"
     assert AlgoConfig(comm="period", period_rule="delta-own").validate(2).local_update is None
+
+
+def test_merge_delay_defaults_for_delta_merge_only():
+    c = AlgoConfig(period_rule="delta-merge", delay=5).validate(2)
+    assert c.merge_delay == 1
+    assert AlgoConfig(period_rule="delta-merge", delay=5, merge_delay=5).validate(2).merge_delay == 5
+    auto = dict(period_rule="delta-merge", delay="auto", warmup_steps=10)
+    assert AlgoConfig(**auto).validate(2).merge_delay is None   # auto chooses it
+    assert AlgoConfig(**auto, merge_delay=3).validate(2).merge_delay == 3
+    assert AlgoConfig(period_rule="delta-own").validate(2).merge_delay is None
+    assert AlgoConfig(comm="step").validate(2).merge_delay is None
 
 
 BAD = [
@@ -62,6 +73,13 @@ BAD = [
     (dict(comm="step", local_update="sgd", local_lr=-1.0), "--local-lr must be > 0"),
     (dict(glu_divisor=16.0), "--glu-divisor applies only to --local-update glu-paper"),
     (dict(comm="step", local_update="glu-paper", glu_divisor=0.0), "--glu-divisor must be > 0"),
+    (dict(comm="period", period_rule="delta-own", merge_delay=1), "--merge-delay applies only to --comm period "
+                                                                  "--period-rule delta-merge"),
+    (dict(comm="step", merge_delay=1), "--merge-delay applies only"),
+    (dict(algo="localsgd", merge_delay=1), "--merge-delay applies only"),
+    (dict(algo="asgd", merge_delay=1), "--merge-delay applies only to --comm period --period-rule delta-merge"),
+    (dict(period_rule="delta-merge", merge_delay=0), "--merge-delay must be a positive integer"),
+    (dict(period_rule="delta-merge", delay=3, merge_delay=4), "--merge-delay 4 is longer than the period --delay 3"),
     (dict(lr=0.0), "--lr must be > 0"),
     (dict(lr=float("nan")), "--lr must be a finite number"),
     (dict(momentum=1.0), "--momentum must be < 1"),

@@ -35,7 +35,7 @@ CASES = [
     ("bench model", ["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     ("bench accuracy", ["--jobs", "x"], "argument --jobs: invalid int value: 'x'"),
     ("bench", ["nope"], "argument KIND: invalid choice: 'nope' (choose from 'engine', 'comm', 'train', "
-                          "'peers', 'model', 'accuracy', 'checkpoint', 'report')"),
+                          "'peers', 'model', 'accuracy', 'stability', 'checkpoint', 'report')"),
     ("plot", [], "the following arguments are required: RUN_DIR"),
     ("plot", ["runs/x", "--tit", "t"], "unrecognized arguments: --tit t (did you mean --title?)"),
     ("info", ["--threads", "two"], "argument --threads: invalid int value: 'two'"),

@@ -74,34 +74,78 @@ def test_result_file_holds_every_row_with_its_difference_and_the_command(sweep):
         assert row["diff_vs_ssgd"] == pytest.approx(float(r["acc_W"]) - ssgd, abs=0.006)
 
 
+def tables(stdout: str) -> dict:
+    """``{k: (column names, [cells of each row])}`` from the ``### k = K`` tables of the report."""
+    out, k = {}, None
+    for line in stdout.splitlines():
+        if line.startswith("### k = "):
+            k = int(line.split("=")[1])
+        elif line.startswith("| model |"):
+            out[k] = ([c.strip() for c in line.strip("|").split("|")], [])
+        elif line.startswith("| mlp |"):
+            out[k][1].append([c.strip() for c in line.strip("|").split("|")])
+    return out
+
+
 def test_table_cells_are_accuracy_and_difference_to_ssgd(sweep):
     out, proc = sweep
     rows = read_csv(out / "results.csv")
     acc = {(r["N"], r["variant"], r["k"]): float(r["acc_W"]) for r in rows}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("| mlp |")]
-    assert len(lines) == 2                                        # rows model x N
-    header = next(ln for ln in proc.stdout.splitlines() if ln.startswith("| model |"))
-    columns = [c.strip() for c in header.strip("|").split("|")][2:]
-    assert columns == ["ssgd", "step/global-momentum k=2", "step/global-momentum k=3", "period/delta-own k=2",
-                       "period/delta-own k=3", "localsgd k=2", "localsgd k=3"]
-    for line in lines:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        n = cells[1]
-        ref = acc[(n, "ssgd", "0")]
-        assert cells[2] == f"{ref:.2f} [+0.00]"                   # ssgd's difference to itself
-        for column, cell in zip(columns[1:], cells[3:]):
-            variant, k = column.split(" k=")
-            a = acc[(n, variant, k)]
-            assert cell == f"{a:.2f} [{a - ref:+.2f}]"
-    assert (out / "results.md").read_text().count("| mlp |") == 2
+    found = tables(proc.stdout)
+    assert sorted(found) == [2, 3]                                # one table per k
+    for k, (columns, lines) in found.items():
+        assert columns == ["model", "lr", "N", "ssgd", f"step/global-momentum k={k}", f"period/delta-own k={k}",
+                           f"localsgd k={k}"]
+        assert len(lines) == 2                                    # rows model x lr x N
+        for cells in lines:
+            n = cells[2]
+            assert cells[1] == "0.05"
+            ref = acc[(n, "ssgd", "0")]
+            assert cells[3] == f"{ref:.2f} [+0.00]"               # ssgd's difference to itself
+            for column, cell in zip(columns[4:], cells[4:]):
+                variant = column.split(" k=")[0]
+                a = acc[(n, variant, str(k))]
+                assert cell == f"{a:.2f} [{a - ref:+.2f}]"
+    assert (out / "results.md").read_text().count("| mlp |") == 4
+
+
+def test_lists_of_lr_and_seeds_give_means_paired_differences_and_ranges(tmp_path):
+    """Two learning rates x two seeds: a cell is the mean over the seeds, the mean of the differences
+    to the same seed's ssgd, and the range; delta-merge:d=3 is skipped at k = 2 (d > k)."""
+    out = tmp_path / "grid"
+    args = list(TINY)
+    args[args.index("--lr") + 1] = "0.05,0.02"
+    args[args.index("--variants") + 1] = "ssgd,period/delta-merge:d=3,localsgd"
+    proc = bench(args + ["--seed", "0,1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    rows = read_csv(out / "results.csv")
+    # per seed, lr and N: ssgd + localsgd x 2 k + delta-merge:d=3 at k = 3 only
+    assert len(rows) == 2 * 2 * 2 * (1 + 2 + 1)
+    assert not [r for r in rows if r["variant"] == "period/delta-merge:d=3" and r["k"] == "2"]
+    acc = {(r["lr"], r["N"], r["variant"], r["k"], r["seed"]): float(r["acc_W"]) for r in rows}
+    found = tables(proc.stdout)
+    assert found[2][0][-1] == "localsgd k=2" and "period/delta-merge:d=3 k=2" not in found[2][0]
+    columns, lines = found[3]
+    assert columns == ["model", "lr", "N", "ssgd", "period/delta-merge:d=3 k=3", "localsgd k=3"]
+    assert [(c[1], c[2]) for c in lines] == [("0.05", "1"), ("0.05", "2"), ("0.02", "1"), ("0.02", "2")]
+    for cells in lines:
+        lr, n = repr(float(cells[1])), cells[2]
+        for column, cell in zip(columns[3:], cells[3:]):
+            variant, k = (column.split(" k=") + ["0"])[:2]
+            runs = [acc[(lr, n, variant, k, s)] for s in "01"]
+            diffs = [acc[(lr, n, variant, k, s)] - acc[(lr, n, "ssgd", "0", s)] for s in "01"]
+            assert cell == (f"{sum(runs) / 2:.2f} [{sum(diffs) / 2:+.2f}] "
+                            f"({min(runs):.2f}..{max(runs):.2f})")
 
 
 def test_with_diffs_gives_zero_for_ssgd_and_blank_without_a_reference():
-    rows = [dict(model="mlp", N=2, variant="ssgd", k=0, acc_W=80.0),
-            dict(model="mlp", N=2, variant="localsgd", k=5, acc_W=81.5),
-            dict(model="mlp", N=4, variant="localsgd", k=5, acc_W=70.0)]
+    rows = [dict(model="mlp", lr=0.1, N=2, variant="ssgd", k=0, seed=0, acc_W=80.0),
+            dict(model="mlp", lr=0.1, N=2, variant="localsgd", k=5, seed=0, acc_W=81.5),
+            dict(model="mlp", lr=0.1, N=4, variant="localsgd", k=5, seed=0, acc_W=70.0),
+            dict(model="mlp", lr=0.1, N=2, variant="localsgd", k=5, seed=1, acc_W=70.0),
+            dict(model="mlp", lr=0.2, N=2, variant="localsgd", k=5, seed=0, acc_W=70.0)]
     diffs = [r["diff_vs_ssgd"] for r in accuracy.with_diffs(rows)]
-    assert diffs == [0.0, 1.5, ""]
+    assert diffs == [0.0, 1.5, "", "", ""]
 
 
 def test_numbers_are_the_reference_simulators(sweep):
@@ -149,13 +193,39 @@ def test_resume_skips_done_configurations_and_runs_the_rest(tmp_path):
     assert len({(r["N"], r["variant"], r["k"]) for r in rows}) == len(rows)
 
 
+def test_no_run_renders_the_rows_there_and_marks_cells_short_of_seeds(tmp_path):
+    """A sweep over seeds 0 and 1 of which only seed 0 ran: ``--resume --no-run`` runs nothing (the CSV
+    is unchanged), and each cell of seed 0 alone says it has 1 of the 2 seeds."""
+    out = tmp_path / "partial"
+    args = TINY[:-1] + ["ssgd,localsgd", "--ranks", "2", "--delays", "2"]
+    first = bench(args + ["--seed", "0", "--out", str(out)])
+    assert first.returncode == 0, first.stderr
+    before = (out / "results.csv").read_text()
+    rows = read_csv(out / "results.csv")
+    acc = {r["variant"]: float(r["acc_W"]) for r in rows}
+    rendered = bench(args + ["--seed", "0,1", "--out", str(out), "--resume", "--no-run"])
+    assert rendered.returncode == 0, rendered.stderr
+    assert (out / "results.csv").read_text() == before
+    columns, lines = tables(rendered.stdout)[2]
+    assert columns == ["model", "lr", "N", "ssgd", "localsgd k=2"] and len(lines) == 1
+    ssgd, local = acc["ssgd"], acc["localsgd"]
+    assert lines[0][3:] == [f"{ssgd:.2f} [+0.00] (1 of 2 seeds)", f"{local:.2f} [{local - ssgd:+.2f}] (1 of 2 seeds)"]
+    assert "(2 configuration(s) not run yet" in rendered.stdout
+    assert (out / "results.md").read_text().rstrip() == rendered.stdout.rstrip()
+    refused = bench(args + ["--no-run"])
+    assert refused.returncode == 2 and "--no-run" in refused.stderr and not refused.stdout
+
+
 @pytest.mark.parametrize("args, words", [
     (["--variants", "ssgd,foo"], "--variants: unknown foo"),
     (["--models", "resnet"], "--models: unknown resnet"),
     (["--delays", "0"], "--delays must be comma-separated integers >= 1"),
     (["--delays", "2,x"], "--delays must be comma-separated integers"),
     (["--ranks", "0"], "--ranks must be comma-separated integers >= 1"),
-    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "0"], "--lr must be comma-separated numbers > 0"),
+    (["--seed", "-1"], "--seed must be comma-separated integers >= 0"),
+    (["--variants", "period/delta-merge:d=0"], "--variants: unknown period/delta-merge:d=0"),
+    (["--variants", "localsgd:d=1"], "--variants: unknown localsgd:d=1"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--epochs", "-1"], "--epochs must be > 0"),
     (["--epochs", "mlp=3"], "gives no epochs for lenet5"),
@@ -222,11 +292,12 @@ def test_asgd_has_one_column_like_ssgd():
     configs, _ = accuracy.parse(args)
     assert sorted((c["variant"], c["k"]) for c in configs if c["N"] == 2 and c["model"] == "mlp") == \
         [("asgd", 0), ("localsgd", 2), ("localsgd", 5), ("ssgd", 0)]
-    rows = [dict(model="mlp", N=2, variant=v, k=k, acc_W=a) for v, k, a in
+    rows = [dict(model="mlp", lr=0.02, N=2, variant=v, k=k, seed=0, acc_W=a) for v, k, a in
             [("ssgd", 0, 80.0), ("asgd", 0, 78.5), ("localsgd", 2, 79.0), ("localsgd", 5, 79.5)]]
-    text = accuracy.table(rows, ["mlp"], [2], ["ssgd", "asgd", "localsgd"], [2, 5])
-    assert text.splitlines()[0] == "| model | N | ssgd | asgd | localsgd k=2 | localsgd k=5 |"
-    assert "| 78.50 [-1.50] |" in text
+    for k in (2, 5):
+        text = accuracy.table(rows, ["mlp"], [0.02], [2], ["ssgd", "asgd", "localsgd"], k)
+        assert text.splitlines()[0] == f"| model | lr | N | ssgd | asgd | localsgd k={k} |"
+        assert "| 78.50 [-1.50] |" in text
 
 
 def accuracy_args(**overrides):

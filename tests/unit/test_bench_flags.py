@@ -17,6 +17,7 @@ CANONICAL = {
     "train": {"--batch-size", "--delays", "--repeats"},
     "model": {"--batch-size", "--allreduce-repeats", "--repeats", "--plan-delay", "--json"},
     "accuracy": {"--batch-size", "--delays"},
+    "stability": {"--delays", "--json"},
     "checkpoint": {"--batch-size", "--repeats", "--json"},
     "peers": {"--batch-size", "--repeats"},
     "report": {"--results", "--out", "--check"},

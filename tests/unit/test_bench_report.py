@@ -109,6 +109,7 @@ def test_ratio_difference_and_aggregates(tmp_path):
     assert report.claim_value(entry, dict(every, agg="min")) == -3.0
     assert report.claim_value(entry, dict(every, agg="max")) == 2.0
     assert report.claim_value(entry, dict(every, agg="maxabs")) == 3.0
+    assert report.claim_value(entry, dict(every, agg="mean")) == pytest.approx((1.0 + 2.0 + 0.5 - 3.0) / 4)
     with pytest.raises(UserError, match="matches 2 rows"):
         report.claim_value(entry, {"result": "A", "field": "speedup"})
     with pytest.raises(UserError, match="expected numbers"):

@@ -67,8 +67,8 @@ def test_resolved_settings_record_the_algorithms_defaults():
     cfg, soft = resolve()
     algo = config.algo_config(cfg, soft, 22, 440, world_size=4)
     out = config.resolved_settings(cfg, algo)
-    assert (out.delay, out.comm, out.period_rule, out.local_update, out.warmup_steps) == \
-        (5, "period", "delta-own", None, 50)
+    assert (out.delay, out.comm, out.period_rule, out.merge_delay, out.local_update, out.warmup_steps) == \
+        (5, "period", "delta-merge", 1, None, 50)
     assert cfg.delay is None     # the input is not modified
 
 

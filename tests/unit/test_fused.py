@@ -57,7 +57,7 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
     g, Mr, Wg = data(rng, n, dtype, 3)
     dg, dMr, dWg, dmask, ddecay = (dev(x) for x in (g, Mr, Wg, mask, decay))
     states = {"momentum": 2, "global-momentum": 1, "sgd": 1, "glu": 2, "delta-own": 4, "momentum-sum": 3,
-              "add-divided": 2, "divide-copy": 2}[kind]
+              "add-divided": 2, "divide-copy": 2, "merge-restart": 2}[kind]
     h = data(rng, n, dtype, states)                 # unfused state; d: the fused twin
     d = [dev(x) for x in h]
     consts = {"glu": (dmask, ddecay), "delta-own": (dmask,)}.get(kind, (ddecay,))
@@ -85,6 +85,11 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
             np.divide(h[1], N, out=h[1])
             np.add(h[0], h[1], out=h[0])
             fused.add_divided(plan, d[0], d[1], N)
+        elif kind == "merge-restart":                # state (L, S): L = W + (L - S); S = W
+            old.unfused_merge_restart(Wg, *h, a)
+            fused.merge_restart(plan, dWg, *d)
+            Wg = Wg + np.asarray(g, dtype) * np.asarray(lr, dtype)     # W moves between merges
+            dWg = dev(Wg)
         elif kind == "divide-copy":                  # state (L, W): L = L/N; W = L
             np.divide(h[0], N, out=h[0])
             h[1][...] = h[0]
@@ -97,7 +102,8 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
     return h, [backend.to_host(x) for x in d]
 
 
-KINDS = ("momentum", "global-momentum", "sgd", "glu", "delta-own", "momentum-sum", "add-divided", "divide-copy")
+KINDS = ("momentum", "global-momentum", "sgd", "glu", "delta-own", "momentum-sum", "add-divided", "divide-copy",
+         "merge-restart")
 
 
 def check(kind, n, dtype, mask, **kw):

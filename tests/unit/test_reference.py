@@ -57,6 +57,7 @@ def test_ssgd_with_N_workers_equals_one_worker_with_the_global_batch():
     dict(algo="ssd", comm="step", local_update="global-momentum"),
     dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
     dict(algo="ssd", comm="period", period_rule="delta-own"),
+    dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2),
     dict(algo="localsgd"),
 ])
 def test_identical_data_on_every_worker_is_one_worker(settings):
@@ -125,13 +126,15 @@ def test_replay_one_worker_without_momentum_replays_each_period_one_period_late(
             assert np.array_equal(sim.L[0], sim.W)           # reset L <- W at the period end
 
 
-def test_delta_one_worker_keeps_its_own_trajectory():
+@pytest.mark.parametrize("rule", [dict(period_rule="delta-own"), dict(period_rule="delta-merge", merge_delay=1),
+                                  dict(period_rule="delta-merge", merge_delay=2)])
+def test_delta_one_worker_keeps_its_own_trajectory(rule):
     """5b delta with N=1: L <- W + own displacement in flight is exactly where L already was."""
     x, y = data()
     batches = same_batch_for_everyone(x, y)
     lr, mu, T_w = 0.05, 0.9, 3
-    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-own", delay=3, warmup_steps=T_w, lr=lr,
-                     momentum=mu, weight_decay=0.0)
+    cfg = AlgoConfig(algo="ssd", comm="period", delay=3, warmup_steps=T_w, lr=lr, momentum=mu, weight_decay=0.0,
+                     **rule)
     sgd = sgd_trajectory(batches, 15, lr, mu)
     sim = Simulation(cfg, factory, batches, 1)
     for t in range(15):
@@ -175,8 +178,7 @@ def test_delta_own_invariants_of_period_rule_md():
     after finalize (mid-period), W = mean_r L_r (exact arithmetic; float64 here)."""
     x, y = data()
     N, k, T_w, B = 3, 4, 2, 4
-    cfg = AlgoConfig(algo="ssd", comm="period", delay=k, warmup_steps=T_w, lr=0.05)
-    assert cfg.validate(N).period_rule == "delta-own"                    # the default rule
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-own", delay=k, warmup_steps=T_w, lr=0.05)
 
     def batches(r, t):                                                    # a different batch per worker
         at = ((t * N + r) * B) % (len(x) - B)
@@ -210,6 +212,75 @@ def test_delta_own_invariants_of_period_rule_md():
             assert all(np.array_equal(a, b) for a, b in zip(S_before, sim.S))
     assert checked == 4
     sim.step()                                                            # one into the next period
+    sim.finalize()
+    np.testing.assert_allclose(sim.W, sum(sim.L) / N, rtol=1e-12, atol=1e-13)
+    assert sim.pending is None
+
+
+def worker_batches(x, y, N, B=4):
+    """batches(r, t): a different batch per worker and iteration."""
+    def batches(r, t):
+        at = ((t * N + r) * B) % (len(x) - B)
+        return x[at:at + B], y[at:at + B]
+    return batches
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_delta_merge_with_d_equal_k_is_delta_own(k):
+    """Merged d = k iterations after posting (at the next period's end, before the next post), the
+    cheap merge ``L <- W + (L - S); S <- W`` is delta-own's ``L <- W + D`` (PERIOD_RULE.md 3) in exact
+    arithmetic: float64 trajectories agree to rounding, W and every L after every iteration."""
+    x, y = data()
+    N = 3
+    batches = worker_batches(x, y, N)
+    sims = [Simulation(AlgoConfig(algo="ssd", comm="period", delay=k, warmup_steps=2, lr=0.05, **rule), factory,
+                       batches, N) for rule in (dict(period_rule="delta-own"),
+                                                dict(period_rule="delta-merge", merge_delay=k))]
+    for _ in range(2 + 5 * k + 1):
+        for sim in sims:
+            sim.step()
+        np.testing.assert_allclose(sims[1].W, sims[0].W, rtol=1e-10, atol=1e-12)
+        assert sims[1].s == sims[0].s
+        if sims[0].L is not None:
+            for a, b in zip(sims[1].L, sims[0].L):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    for sim in sims:
+        sim.finalize()
+    np.testing.assert_allclose(sims[1].W, sims[0].W, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("k, d", [(4, 1), (4, 3), (5, 2)])
+def test_delta_merge_merges_d_iterations_after_each_post_and_keeps_the_mean(k, d):
+    """W changes exactly at the merges (d iterations after each period end, by the mean posted there);
+    after every iteration mean_r L_r = W + (the mean in flight) + mean_r (L_r - S_r); finalize gives
+    W = mean_r L_r (float64, exact up to rounding)."""
+    x, y = data()
+    N, T_w = 3, 2
+    sim = Simulation(AlgoConfig(algo="ssd", comm="period", period_rule="delta-merge", delay=k, merge_delay=d,
+                                warmup_steps=T_w, lr=0.05), factory, worker_batches(x, y, N), N)
+    for _ in range(T_w):
+        sim.step()
+    posted, merges = None, 0
+    for m in range(5 * k + d - 1):
+        W0, pending0 = sim.W.copy(), sim.pending
+        sim.step()
+        merge = m + 1 - d >= k and (m + 1 - d) % k == 0
+        if merge:
+            assert pending0 is posted is not None
+            np.testing.assert_allclose(sim.W, W0 + posted, rtol=0, atol=0)
+            merges += 1
+        else:
+            assert np.array_equal(sim.W, W0)
+        if (m + 1) % k == 0:
+            posted = sim.pending
+            assert posted is not None and posted is not pending0
+        else:
+            assert sim.pending is (None if merge else pending0)
+        inflight = 0 if sim.pending is None else sim.pending
+        np.testing.assert_allclose(sum(sim.L) / N, sim.W + inflight + sum(L - S for L, S in zip(sim.L, sim.S)) / N,
+                                   rtol=1e-12, atol=1e-13)
+    assert merges == 4 and sim.s == T_w + 4 * k                          # the warm-up steps, then k per merge
+    sim.step()
     sim.finalize()
     np.testing.assert_allclose(sim.W, sum(sim.L) / N, rtol=1e-12, atol=1e-13)
     assert sim.pending is None

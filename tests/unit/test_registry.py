@@ -169,7 +169,7 @@ def test_no_command_writes_a_flag_default_into_its_help():
 def test_one_rule_is_the_default_and_every_rule_file_declares_its_spec():
     files = sorted(p.stem for p in (PACKAGE / "algos" / "rules").glob("*.py") if p.stem != "__init__")
     assert sorted(name.replace("-", "_") for name in registry.RULES) == files
-    assert [name for name, spec in registry.RULES.items() if spec.default] == ["delta-own"]
+    assert [name for name, spec in registry.RULES.items() if spec.default] == ["delta-merge"]
 
 
 @pytest.mark.parametrize("variant", list(registry.variants()))
@@ -235,8 +235,8 @@ def test_a_rule_file_is_all_the_registry_needs(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["rules"] == ["delta-own", "planted", "replay"]
-    assert "delta-own | planted | replay" in got["help"]
+    assert got["rules"] == ["delta-merge", "delta-own", "planted", "replay"]
+    assert "delta-merge | delta-own | planted | replay" in got["help"]
     assert got["knob_help"].startswith("a knob of the planted rule (default: 3 with --comm period --period-rule "
                                        "planted)")
     assert got["knob"] == 4

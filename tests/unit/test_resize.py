@@ -1,5 +1,6 @@
 """Resuming on another number of ranks (4 -> 2 and 2 -> 4), as a user launches it, for ssgd, ssd
-(both schedules), localsgd and asgd; and a rank killed while it writes a checkpoint.
+(both schedules; delta-merge with a sum in flight mid-delay, and delta-own), localsgd and asgd;
+and a rank killed while it writes a checkpoint.
 
 Each resize case runs ``mpiexec -n N`` to a mid-epoch (and, for ssd, mid-period) stop, then
 (1) resumes a copy of that checkpoint on N' ranks for zero steps, so that the final checkpoint
@@ -33,6 +34,11 @@ ALGOS = {
     "ssgd": ["--algo", "ssgd"],
     "ssd-step": ["--algo", "ssd", "--comm", "step", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     "ssd-period": ["--algo", "ssd", "--comm", "period", "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    # delta-merge with d = 3: the sum posted at m = 14 is still in flight at the stop (its merge is at m = 17)
+    "ssd-period-mid-delay": ["--algo", "ssd", "--comm", "period", "--merge-delay", "3", "--delay", str(K),
+                             "--warmup-steps", str(WARMUP)],
+    "ssd-period-delta-own": ["--algo", "ssd", "--comm", "period", "--period-rule", "delta-own", "--delay", str(K),
+                             "--warmup-steps", str(WARMUP)],
     "localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     "asgd": ["--algo", "asgd", "--servers", "1", "--warmup-steps", str(WARMUP)],
 }
@@ -87,7 +93,9 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
     M = old["shared/algo/M"]
     assert np.array_equal(new["shared/algo/M"], M)
     W, s = old["shared/algo/W"], old[f"{first}/algo/s"]
-    if algo == "ssd-period":
+    if algo.startswith("ssd-period"):
+        # a sum in flight at the stop: only mid-delay (delta-merge's d = 1 has merged it at m = 15)
+        assert old[f"{first}/algo/period.has_Rp"] == (algo != "ssd-period")
         merged = W.astype(np.float64) + mean_over_ranks(old, n_old, "L") - mean_over_ranks(old, n_old, "period.S")
         if old[f"{first}/algo/period.has_Rp"]:
             merged += old["shared/algo/period.Rp"]
@@ -99,7 +107,7 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
     for r in range(n_new):
         rank = f"rank_{r:04d}"
         assert new[f"{rank}/algo/s"] == s
-        if algo == "ssd-period":
+        if algo.startswith("ssd-period"):
             assert np.array_equal(new[f"{rank}/algo/L"], new["shared/algo/W"])
             assert np.array_equal(new[f"{rank}/algo/period.S"], new["shared/algo/W"])
             np.testing.assert_allclose(new[f"{rank}/algo/period.U"], mean_over_ranks(old, n_old, "period.U"), **close)

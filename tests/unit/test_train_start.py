@@ -110,7 +110,7 @@ def test_print_config_prints_the_resolution_and_writes_nothing(tmp_path):
     printed = yaml.safe_load(result.stdout)
     expected = config.resolve(parse("--config", str(tmp_path / "c.yaml"), "--batch-size", "8")).to_dict()
     expected.pop("run_dir"), expected.pop("stop_at_step")
-    expected.update(delay=5, comm="period", period_rule="delta-own")    # what --algo ssd resolves them to
+    expected.update(delay=5, comm="period", period_rule="delta-merge", merge_delay=1)   # what --algo ssd resolves
     assert printed == expected and printed["lr"] == 0.3 and printed["batch_size"] == 8
     assert f"#   run_dir: {tmp_path / 'r'}" in result.stdout
     assert re.search(r"^delay: 5 +# the default for --algo ssd$", result.stdout, re.M)

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 # The pages a user reads that must not read like a development log.
 USER_DOCS = ("BENCHMARKS.md", "CHANGELOG.md", "README.md", "docs/GPU.md", "docs/CLUSTER.md", "docs/ALGORITHM.md",
-             "jobs/README.md")
+             "docs/ACCURACY.md", "docs/PERIOD_RULE.md", "docs/API.md", "jobs/README.md")
 
 
 def line_of(text: str, match) -> int:

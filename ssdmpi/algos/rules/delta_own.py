@@ -1,4 +1,5 @@
-"""``--period-rule delta-own`` (docs/PERIOD_RULE.md 2-4): delta averaging keeping own progress."""
+"""``--period-rule delta-own`` (docs/PERIOD_RULE.md 6): delta averaging keeping own progress, merged
+at the next period's end."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ssdmpi.algos.spec import RuleSpec
 
 
 class DeltaOwn(PeriodRule):
-    """``delta-own`` (docs/PERIOD_RULE.md, the chosen rule): delta averaging keeping own progress.
+    """``delta-own`` (docs/PERIOD_RULE.md 6): delta averaging keeping own progress.
 
     Switch: ``U <- M``, ``S <- L`` (``L = W``). Every delay iteration ``t`` (``g`` = mean gradient)::
 
@@ -101,4 +102,4 @@ class DeltaOwn(PeriodRule):
 
 SPEC = RuleSpec("delta-own", DeltaOwn, reference="ssdmpi.algos.reference:DeltaOwnTwin",
                 summary="momentum SGD on L with a per-rank U | wait previous Dsum: W <- W + Dsum/N; D = L - S; "
-                        "L <- W + D (if W changed); post D (sum); S <- L", default=True)
+                        "L <- W + D (if W changed); post D (sum); S <- L")
