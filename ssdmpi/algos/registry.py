@@ -217,7 +217,9 @@ ALGORITHMS = {spec.name: spec for spec in (
                   settings=("servers", "asgd_order", "asgd_rate"), why="a parameter server applying each push",
                   delay_stage=False,
                   simulation="ssdmpi.algos.reference:ASGDSimulation", bench=("servers",), bench_required=0,
-                  variants={"asgd": {"servers": 1, "asgd_order": "round-robin"}}, check=_check_servers,
+                  variants={"asgd": {"servers": 1, "asgd_order": "round-robin"},
+                            "asgd/plain": {"servers": 1, "asgd_order": "round-robin", "asgd_rate": "plain"}},
+                  check=_check_servers,
                   workers=lambda run, world_size: world_size - run.servers),
 )}
 SETTINGS["algo"] = dataclasses.replace(SETTINGS["algo"], choices=tuple(ALGORITHMS))

@@ -309,3 +309,21 @@ def accuracy_args(**overrides):
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
+
+
+def test_every_variant_a_doc_runs_with_bench_accuracy_is_known():
+    """The commands in the docs run as written: each ``--variants`` of an ``ssdmpi bench accuracy``
+    line names variants the bench takes (``asgd/plain`` included)."""
+    import glob
+    import re
+
+    named = set()
+    for path in glob.glob(os.path.join(ROOT, "docs", "*.md")) + [os.path.join(ROOT, "README.md")]:
+        text = open(path, encoding="utf-8").read().replace("\\\n", " ")
+        for line in text.splitlines():
+            if "bench accuracy" in line:
+                for match in re.finditer(r"--variants\s+([^\s`]+)", line):
+                    named.update(v for v in match.group(1).split(",") if v and not v.startswith("$"))
+    assert "asgd/plain" in named and "period/delta-merge:d=1" in named, sorted(named)
+    unknown = sorted(v for v in named if not accuracy._known(v))
+    assert unknown == [], f"variants in the docs that bench accuracy refuses: {unknown}"
