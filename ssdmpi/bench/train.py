@@ -315,6 +315,11 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         m = {key: median([r.get(key) for r in results]) for key in
              ("samples_per_s", *PER_STEP, "final_acc", "wall_s", "staleness")}
         m["runs"] = [r["run"] for r in results]
+        if v.k == "auto":       # the k the runs chose (--delay auto), where every repeat chose the same
+            chosen = {(r["run"].summary.get("delay_auto") or {}).get("delay") for r in results}
+            row["k_chosen"] = chosen.pop() if len(chosen) == 1 else None
+            if row["k_chosen"] is not None:
+                row["k"] = f"auto ({row['k_chosen']})"
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
         rows.append(row)
@@ -404,6 +409,10 @@ def add_bounds(rows, variants, base) -> None:
         if pattern is None or row.get("speedup") is None:
             continue
         kind, k = pattern
+        if k == "auto":
+            k = row.get("k_chosen")
+            if k is None:
+                continue
         row["bound"] = (c + T) / predict_step(kind, c, T, k)
         per_allreduce = k if PATTERNS[kind].periodic else 1     # a period run sends once every k steps
         c_busy = None if row.get("compute_ms") is None else row["compute_ms"] / 1e3

@@ -204,3 +204,28 @@ def test_the_record_logged_at_the_switch_is_not_steady_state(tmp_path):
               for s in (5, 10, 15, 20)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert [r["step"] for r in load_run(run_dir).steady_steps()] == [15, 20]
+
+
+class ChoseK(NoEvals):
+    """A run whose --delay auto chose ``k``, as its summary.json records it."""
+
+    def __init__(self, k):
+        self.summary = {"delay_auto": {"delay": k, "merge_delay": 1}}
+
+
+def test_bench_train_bounds_an_auto_variant_at_the_k_its_run_chose():
+    """ssgd next to ``ssd:period:auto``: the auto row's bound is the period bound at the k the run chose
+    (here 10: (c+T)/max(c, T/10)); a row whose repeats chose different k gets none (and no crash)."""
+    from ssdmpi.bench.train import parse_variant, summarise
+
+    c, T = 0.085, 1.29
+    variants = [parse_variant(v) for v in ("ssgd", "ssd:period:auto", "ssd:period:auto:8")]
+    ssgd = _metrics(46.5, c, T, T, c + T)
+    auto = dict(_metrics(46.5 * 6.0, 0.1, 0.2, 0.02, 0.13), run=ChoseK(10))
+    mixed = [dict(_metrics(46.5 * 5.0, 0.1, 0.2, 0.02, 0.13), run=ChoseK(k)) for k in (7, 8)]
+    rows = summarise(variants, {"ssgd": [ssgd], "ssd-period-kauto": [auto], "ssd-period-kauto-max8": mixed})
+    by = {r["name"]: r for r in rows}
+    assert by["ssd-period-kauto"]["k_chosen"] == 10 and by["ssd-period-kauto"]["k"] == "auto (10)"
+    assert by["ssd-period-kauto"]["bound"] == pytest.approx((c + T) / (T / 10))
+    assert by["ssd-period-kauto"]["of_bound"] == pytest.approx(6.0 / by["ssd-period-kauto"]["bound"])
+    assert by["ssd-period-kauto-max8"]["k_chosen"] is None and by["ssd-period-kauto-max8"].get("bound") is None
