@@ -315,11 +315,9 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         m = {key: median([r.get(key) for r in results]) for key in
              ("samples_per_s", *PER_STEP, "final_acc", "wall_s", "staleness")}
         m["runs"] = [r["run"] for r in results]
-        if v.k == "auto":       # the k the runs chose (--delay auto), where every repeat chose the same
-            chosen = {(r["run"].summary.get("delay_auto") or {}).get("delay") for r in results}
-            row["k_chosen"] = chosen.pop() if len(chosen) == 1 else None
-            if row["k_chosen"] is not None:
-                row["k"] = f"auto ({row['k_chosen']})"
+        if v.k == "auto":       # the k each repeat's run chose (--delay auto)
+            row["k_chosen"] = [(r["run"].summary.get("delay_auto") or {}).get("delay") for r in results]
+            row["k"] = f"auto ({', '.join(str(k) for k in row['k_chosen'])})"
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
         rows.append(row)
@@ -409,8 +407,9 @@ def add_bounds(rows, variants, base) -> None:
         if pattern is None or row.get("speedup") is None:
             continue
         kind, k = pattern
-        if k == "auto":
-            k = row.get("k_chosen")
+        if k == "auto":     # bounded at the k its repeats chose, when they chose one
+            chosen = set(row.get("k_chosen") or [None])
+            k = chosen.pop() if len(chosen) == 1 else None
             if k is None:
                 continue
         row["bound"] = (c + T) / predict_step(kind, c, T, k)

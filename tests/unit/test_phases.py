@@ -225,7 +225,8 @@ def test_bench_train_bounds_an_auto_variant_at_the_k_its_run_chose():
     mixed = [dict(_metrics(46.5 * 5.0, 0.1, 0.2, 0.02, 0.13), run=ChoseK(k)) for k in (7, 8)]
     rows = summarise(variants, {"ssgd": [ssgd], "ssd-period-kauto": [auto], "ssd-period-kauto-max8": mixed})
     by = {r["name"]: r for r in rows}
-    assert by["ssd-period-kauto"]["k_chosen"] == 10 and by["ssd-period-kauto"]["k"] == "auto (10)"
+    assert by["ssd-period-kauto"]["k_chosen"] == [10] and by["ssd-period-kauto"]["k"] == "auto (10)"
     assert by["ssd-period-kauto"]["bound"] == pytest.approx((c + T) / (T / 10))
     assert by["ssd-period-kauto"]["of_bound"] == pytest.approx(6.0 / by["ssd-period-kauto"]["bound"])
-    assert by["ssd-period-kauto-max8"]["k_chosen"] is None and by["ssd-period-kauto-max8"].get("bound") is None
+    assert by["ssd-period-kauto-max8"]["k_chosen"] == [7, 8] and by["ssd-period-kauto-max8"]["k"] == "auto (7, 8)"
+    assert by["ssd-period-kauto-max8"].get("bound") is None
