@@ -157,11 +157,11 @@ class CsvLog:
             table.close()
 
 
-def read_records(path: str) -> list[dict]:
-    """The records of a ``metrics.jsonl`` ([] if there is none; a line cut short is skipped)."""
+def record_lines(path: str):
+    """``(line, record)`` for each line of a ``metrics.jsonl`` that holds a record (none if there is no
+    file; a line cut short, as a crash leaves it, is skipped)."""
     if not os.path.exists(path):
-        return []
-    out = []
+        return
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
@@ -169,8 +169,12 @@ def read_records(path: str) -> list[dict]:
             except ValueError:
                 continue
             if isinstance(record, dict):
-                out.append(record)
-    return out
+                yield line, record
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a ``metrics.jsonl`` ([] if there is none; a line cut short is skipped)."""
+    return [record for _, record in record_lines(path)]
 
 
 # ---------------------------------------------------------------------------- TensorBoard

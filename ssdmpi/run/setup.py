@@ -14,7 +14,6 @@ rank, ``setup`` builds the run's ``Job`` (data, model, algorithm, loader, checkp
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ from ssdmpi.checkpoint import CheckpointWriter
 from ssdmpi.comm.abort import world_rank_size
 from ssdmpi.data import ShardedLoader, load_dataset
 from ssdmpi.errors import UserError
-from ssdmpi.loggers import check_available
+from ssdmpi.loggers import check_available, record_lines
 from ssdmpi.metrics import atomic_write
 from ssdmpi.nn import build_model
 from ssdmpi.run.evaluation import Evaluator
@@ -193,15 +192,8 @@ def trim_metrics(path: str, step: int) -> None:
     """Drop records of steps after ``step`` (logged before a crash, redone after resuming)."""
     if not os.path.exists(path):
         return
-    kept = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue   # a line cut short by the crash
-            if record.get("step") is None or record["step"] <= step:
-                kept.append(line if line.endswith("\n") else line + "\n")
+    kept = [line if line.endswith("\n") else line + "\n" for line, record in record_lines(path)
+            if record.get("step") is None or record["step"] <= step]
     atomic_write(path, "".join(kept))
 
 
