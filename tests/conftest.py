@@ -9,6 +9,7 @@ wait would make the MPI run several times slower. ``python tests/run.py`` runs b
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,31 @@ def run_cli(args, ranks: int | None = None, timeout: float = 120, unset=(), **kw
     env.update(kwargs.pop("env", {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=kwargs.pop("cwd", ROOT),
                           env=env, **kwargs)
+
+
+# Open MPI's own lines about a job whose ranks exit non-zero (MPICH adds none): its boxed
+# report between lines of dashes, PMIx's complaint when ranks leave while it still talks, and
+# its event library's warning when a rank's socket closes under it ("[warn] Epoll MOD(4) ...").
+OPEN_MPI_NOISE = re.compile(r"^(\[[^\]]+:\d+\] PMIX ERROR: |\[warn\] Epoll )")
+
+
+def error_lines(result) -> list:
+    """The non-blank lines of ``result.stderr`` that ssdmpi wrote: the launcher's noise left out."""
+    lines, boxed = [], False
+    for line in result.stderr.splitlines():
+        if line.strip() and set(line.strip()) == {"-"}:
+            boxed = not boxed
+        elif line.strip() and not boxed and not OPEN_MPI_NOISE.match(line):
+            lines.append(line)
+    return lines
+
+
+def assert_one_line_error(result, needle):
+    """Exit 2, one ``ssdmpi: error:`` line containing ``needle``, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error: ") and needle in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 @pytest.fixture

@@ -20,8 +20,7 @@ from ssdmpi.data import from_arrays, load_dataset
 from ssdmpi.errors import UserError
 from ssdmpi.nn import MODELS, Model, build_model, register_model
 from ssdmpi.nn.layers import Linear
-from tests.conftest import mpiexec, run_cli
-from tests.unit.test_train_start import assert_one_line_error
+from tests.conftest import assert_one_line_error, mpiexec, run_cli
 
 SCRIPTS = Path(__file__).parent / "api_scripts"
 SHORT = ["--steps", "8", "--eval-every", "0", "--no-progress-bar", "--warmup-steps", "2", "--delay", "2"]

@@ -22,8 +22,7 @@ from ssdmpi.errors import UserError
 from ssdmpi.nn import build_model
 from ssdmpi.restore import eval_dataset
 from ssdmpi.run.evaluation import evaluate
-from tests.conftest import ROOT, mpiexec, run_cli
-from tests.unit.test_train_start import assert_one_line_error
+from tests.conftest import ROOT, assert_one_line_error, mpiexec, run_cli
 
 EXAMPLES = ROOT / "examples"
 FILES = ("mymodels.py", "train_mine.py", "check_mine.py")

@@ -410,8 +410,7 @@ def test_other_strings_are_still_refused():
                                                            "--period-rule delta-merge"),
 ])
 def test_bad_auto_settings_are_one_line_and_exit_2(args, needle):
-    from tests.conftest import run_cli
-    from tests.unit.test_train_cli import assert_one_line_error
+    from tests.conftest import assert_one_line_error, run_cli
 
     assert_one_line_error(run_cli(["train", "--no-progress-bar"] + args, ranks=2, timeout=120), needle)
 

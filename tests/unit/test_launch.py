@@ -4,31 +4,13 @@ settings are one-line errors."""
 
 import json
 import os
-import re
 
 import pytest
 
 from ssdmpi import backend
 from ssdmpi.comm.node import THREAD_VARIABLES
-from tests.conftest import launcher_world_size, run_cli
+from tests.conftest import assert_one_line_error, launcher_world_size, run_cli
 from tests.unit.test_train_cli import SMALL
-
-# Open MPI's own lines about a job whose ranks exit non-zero (MPICH adds none): its boxed
-# report between lines of dashes, and PMIx's complaint when ranks leave while it still talks.
-OPEN_MPI_NOISE = re.compile(r"^\[[^\]]+:\d+\] PMIX ERROR: ")
-
-
-def assert_one_line_error(result, needle):
-    """Exit 2 and one line from ssdmpi, whatever the launcher adds (``OPEN_MPI_NOISE``)."""
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    lines, boxed = [], False
-    for line in result.stderr.splitlines():
-        if line.strip() and set(line.strip()) == {"-"}:
-            boxed = not boxed
-        elif line.strip() and not boxed and not OPEN_MPI_NOISE.match(line):
-            lines.append(line)
-    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error: ") and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
 
 
 def expected_threads(local_size: int) -> int:

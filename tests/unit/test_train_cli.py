@@ -23,21 +23,10 @@ from ssdmpi.checkpoint import format as format1
 from ssdmpi.checkpoint import sharded
 from tests.checkpoints import differences as field_differences
 from tests.checkpoints import fields
-from tests.conftest import mpiexec, run_cli
+from tests.conftest import assert_one_line_error, error_lines, mpiexec, run_cli
 
 SMALL = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
          "--algo", "ssd", "--delay", "3", "--warmup-steps", "10", "--eval-every", "0", "--no-progress-bar"]
-
-
-def error_lines(result) -> list:
-    return [line for line in result.stderr.splitlines() if line.strip()]
-
-
-def assert_one_line_error(result, needle):
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    lines = error_lines(result)
-    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error: ") and needle in lines[0], lines
-    assert "Traceback" not in result.stderr + result.stdout
 
 
 @pytest.mark.timeout(400)

@@ -11,7 +11,7 @@ import yaml
 
 from ssdmpi import config
 from ssdmpi.errors import UserError
-from tests.conftest import run_cli
+from tests.conftest import assert_one_line_error, run_cli
 
 TINY = ["--widths", "16", "--steps", "6", "--eval-every", "0", "--no-progress-bar", "--warmup-steps", "2",
         "--delay", "2"]
@@ -21,12 +21,6 @@ def parse(*argv):
     parser = argparse.ArgumentParser()
     config.add_arguments(parser)
     return parser.parse_args(list(argv))
-
-
-def assert_one_line_error(result, needle):
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("ssdmpi: error: ") and needle in lines[0], lines
 
 
 # --- bug 4: a saved config.yaml starts a new run ------------------------------------------------
