@@ -278,11 +278,13 @@ class Page:
         return "\n".join(out).rstrip() + "\n"
 
     def runs(self, entry: Entry) -> list:
-        """Each result's settings, date, load, machine, data file and command; then, once, how the
+        """Each result's settings, date, load, machine, when its rows were summarised again (if they
+        were), data file and command; then, once, how the
         results measured before the result-file format were recorded."""
         out = []
         for label, result in entry.results.items():
-            where = [result.get("settings"), result["date"], _load(result), self.machine(result),
+            summarised = result.get("summarised") and f"rows summarised again from these runs {result['summarised']}"
+            where = [result.get("settings"), result["date"], _load(result), self.machine(result), summarised,
                      f"[data]({self.link(entry.result_paths[label])})"]
             out += [f"**{label}**: " + "; ".join(w for w in where if w) + ".", "",
                     "```bash", wrap_command(result["command"]), "```", ""]

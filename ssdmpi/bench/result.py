@@ -10,6 +10,9 @@ A result file is one JSON object. Its provenance keys are the same for every kin
     machine       {"cpu", "cores", "usable_cpus", "memory_gib", "os", "python", "numpy", "mpi", "mpi4py"}
     load_average  the 1, 5 and 15 minute load averages when the result was written (a shared
                   machine's load moves timings; the 15-minute one covers most runs)
+    summarised    only in a result written again from the same runs (``bench train --reuse``
+                  with nothing left to run): when; the keys above stay those of the first
+                  result, i.e. of the runs (``earlier_provenance``)
 
 The numbers follow under the kind's own keys: ``rows`` (one object per table row) for
 ``train`` and ``peers`` (``OUT/result.json``), ``accuracy`` (``OUT/result.json``) and ``threads`` (``--json
@@ -92,6 +95,20 @@ def provenance(benchmark: str, argv: list | None = None, program: str = "ssdmpi"
         load = None
     return {"format": FORMAT, "benchmark": benchmark, "command": command_line(argv, program),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), "load_average": load}
+
+
+def earlier_provenance(path) -> dict:
+    """For a result written again from runs an earlier result file at ``path`` summarised: that
+    file's ``command``, ``date``, ``machine`` and ``load_average`` (how, when and where the runs
+    ran), and ``summarised``: now. Empty when there is no readable earlier result file."""
+    try:
+        earlier = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(earlier, dict) or "date" not in earlier:
+        return {}
+    kept = {key: earlier[key] for key in ("command", "date", "machine", "load_average") if key in earlier}
+    return {**kept, "summarised": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def dumps(result: dict) -> str:

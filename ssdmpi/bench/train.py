@@ -40,8 +40,8 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
 - the second table (``BREAKDOWN_COLUMNS``): the step breakdown per step, mean over ranks
   (``ssdmpi/phases.py``: forward+backward, update, data, exposed wait, progress calls, other;
   ``phases / step`` is the timed phases' share of the step time), the allreduce's time in
-  flight, and the bounds: from ssgd's own measured compute ``c`` (step minus exposed wait)
-  and allreduce time ``T``, the schedule's speedup with perfect overlap (``(c + T) /
+  flight, and the bounds: from ssgd's own measured compute ``c`` and the rest of its step
+  ``T`` (``c + T`` is ssgd's step), the schedule's speedup with perfect overlap (``(c + T) /
   max(c, T/k)`` for ssd period k) and with ``bench model``'s contention model (the variant's
   own compute and in-flight allreduce times as ``c_busy``, ``T_busy``); ``of bound`` is the
   measured speedup over the bound (``add_bounds``);
@@ -388,8 +388,22 @@ def _pattern(v: Variant):
     return v.spec.pattern(SimpleNamespace(comm=v.comm, delay=v.k)) if v.by_ssdmpi else None
 
 
+def ssgd_c_and_T(base) -> tuple | None:
+    """ssgd's measured compute ``c`` and communication ``T`` per step, seconds: ``T`` is the rest of its
+    step (``c + T`` is ssgd's measured step), or None when a time is missing.
+
+    Not the allreduces' summed time in flight: ssgd's bucket allreduces overlap its backward pass
+    and each other, so their times in flight add up to more than the step itself.
+    """
+    if base is None or not base.get("compute_s") or not base.get("step_s"):
+        return None
+    c = base["compute_s"]
+    return c, max(base["step_s"] - c, 0.0)
+
+
 def add_bounds(rows, variants, base) -> None:
-    """Add each row's bounds from ssgd's own measured compute ``c`` and allreduce time ``T`` (per step):
+    """Add each row's bounds from ssgd's own measured compute ``c`` and communication ``T`` per step
+    (``ssgd_c_and_T``):
 
     - ``bound``: the schedule's speedup over ssgd with perfect overlap, ``(c + T) / max(c, T/k)``
       for ssd period k (``bench model``'s ``predict_step`` without contention);
@@ -397,9 +411,10 @@ def add_bounds(rows, variants, base) -> None:
       compute per step as ``c_busy`` and its own allreduce time in flight as ``T_busy``;
     - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound).
     """
-    if base is None or not base.get("compute_s") or not base.get("inflight_s"):
+    c_and_T = ssgd_c_and_T(base)
+    if c_and_T is None:
         return
-    c, T = base["compute_s"], base["inflight_s"]
+    c, T = c_and_T
     by_name = {v.name: v for v in variants}
     for row in rows:
         v = by_name.get(row["name"])
@@ -435,9 +450,10 @@ def bound_note(rows) -> str:
     """One line naming ssgd's measured ``c`` and ``T`` the bounds come from."""
     for row in rows:
         spec = registry.find(row.get("algo"))
-        if spec and spec.baseline and row.get("compute_ms") is not None and row.get("inflight_ms") is not None:
-            c, T = row["compute_ms"], row["inflight_ms"]
-            return (f"Bounds from ssgd's measured compute c = {c:.1f} ms and allreduce T = {T:.1f} ms per step "
+        if spec and spec.baseline and row.get("compute_ms") is not None and row.get("step_ms") is not None:
+            c, T = ssgd_c_and_T({"compute_s": row["compute_ms"], "step_s": row["step_ms"]})
+            return (f"Bounds from ssgd's measured compute c = {c:.1f} ms and communication T = {T:.1f} ms per "
+                    f"step, the rest of its step "
                     f"(ssd period k: (c + T) / max(c, T/k); contention model: ssdmpi bench model's, with each "
                     f"variant's own compute and allreduce-in-flight times).")
     return ""
@@ -615,6 +631,9 @@ def settings_line(args, kind: str = "train") -> str:
 
 def run(args) -> int:
     variants = _validate(args)
+    earlier = {}
+    if args.reuse and args.out and all((d / "metrics.jsonl").exists() for _, _, d in run_jobs(args, variants)):
+        earlier = result_file.earlier_provenance(Path(args.out) / "result.json")     # nothing runs again
     launched = run_variants(args, variants, "train")
     if launched is None:
         return 0
@@ -625,7 +644,7 @@ def run(args) -> int:
     md += "\n" + breakdown_table(rows, bound_note(rows))
     _write_new(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
     _write_new(out / "results.csv", text_csv)
-    _write_new(out / "result.json", result_json(rows, settings_line(args)))
+    _write_new(out / "result.json", result_json(rows, settings_line(args), **earlier))
     write_figures(args, results)
     print(md, end="")
     print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "

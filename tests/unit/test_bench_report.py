@@ -217,6 +217,26 @@ def test_bench_train_writes_its_rows_as_a_result_file(tmp_path):
         for key, value in row.items():
             assert (str(value) if value is not None else "") == csv_row[key], key
     assert data["rows"][1]["speedup"] == pytest.approx(2.5)
+    assert "summarised" not in data
+
+
+def test_a_result_written_again_from_the_same_runs_keeps_when_and_where_they_ran(tmp_path):
+    """--reuse with nothing left to run: the rows are summarised again (here after the bounds' rule
+    changed), the provenance stays the runs' (command, date, machine, load), ``summarised`` says when."""
+    synthetic_bench(tmp_path)
+    first = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd,ssd:period:5", "--reuse"])
+    assert first.returncode == 0, first.stderr
+    runs = json.loads((tmp_path / "result.json").read_text())
+    runs.update(command="ssdmpi bench train --out X --variants ssgd,ssd:period:5", date="2026-01-02T03:04:05Z",
+                load_average=[3.5, 3.0, 2.5], machine={"cpu": "the runs' cpu"})
+    (tmp_path / "result.json").write_text(json.dumps(runs))
+    again = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd,ssd:period:5", "--reuse"])
+    assert again.returncode == 0, again.stderr
+    data = json.loads((tmp_path / "result.json").read_text())
+    for key in ("command", "date", "load_average", "machine"):
+        assert data[key] == runs[key], key
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["summarised"])
+    assert data["rows"] == runs["rows"]
 
 
 def test_bench_engine_json_is_a_result_file(monkeypatch, capsys):
