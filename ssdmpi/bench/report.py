@@ -55,7 +55,9 @@ list, one value per run, is shown comma-separated). A claim's value is one such 
 (exactly one row must match), or ``"agg": "min" | "max" | "maxabs"`` (the largest absolute
 value) ``| "mean"`` (e.g. over the seeds of one configuration) over every matching row and
 every value of a list, or ``{"ratio": [A, B]}`` / ``{"difference": [A, B]}`` of two values;
-the claim is met when every value passes ``test`` (``>=``, ``<=``, ``>``, ``<``).
+the claim is met when every value passes ``test`` (``>=``, ``<=``, ``>``, ``<``). The summary
+shows every value with its label, or with ``"show": "worst"`` only the one nearest to failing
+the test (or failing it most) and how many there are.
 """
 
 from __future__ import annotations
@@ -247,8 +249,16 @@ class Page:
                             f"OP one of {', '.join(TESTS)}")
         values = [(v.get("label"), claim_value(entry, v)) for v in claim["values"]]
         passed = [test(value, claim["test"][1]) for _, value in values]
+        shown = values
+        if claim.get("show") == "worst":     # the value nearest to failing, or failing most
+            worst = (max if claim["test"][0] in ("<=", "<") else min)(values, key=lambda lv: lv[1])
+            shown = [(f"{worst[0]}; the worst of {len(values)}" if worst[0] else f"the worst of {len(values)}",
+                      worst[1])]
+        elif claim.get("show") is not None:
+            raise UserError(f"{entry.where()}: claim {claim.get('claim')!r}: \"show\": {claim['show']!r}; "
+                            "use \"worst\" or leave it out")
         figure = ", ".join(fmt(value, claim.get("format", "{:.3g}")) + (f" ({label})" if label else "")
-                           for label, value in values)
+                           for label, value in shown)
         verdict = "**met**" if all(passed) else (
             "**not met**" if not any(passed) or len(passed) == 1 else f"**not met** ({sum(passed)} of {len(passed)})")
         used = _used_results(claim["values"])

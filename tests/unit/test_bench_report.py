@@ -99,6 +99,19 @@ def test_verdicts_not_met_and_partly_met(tmp_path):
     assert "[A](docs/figures/a/result.json), [B](docs/figures/b/result.json)" in second
 
 
+def test_a_claim_can_show_only_its_worst_value(tmp_path):
+    """``"show": "worst"``: the value nearest to failing (the lowest under >=, the highest under
+    <=), labelled, with the count; the verdict still weighs every value."""
+    both = SPEEDUP["values"] + [{"label": "B", "result": "B", "where": {"name": "ssd"}, "field": "speedup"}]
+    at_least = dict(SPEEDUP, values=both, show="worst", test=[">=", 0.4])
+    at_most = dict(SPEEDUP, values=both, show="worst", test=["<=", 2])
+    first, second = summary_rows(report.render(make_page(tmp_path, [at_least, at_most]), tmp_path))
+    assert "| 0.50x (B; the worst of 2) | at least 2x | **met** |" in first
+    assert "| 2.50x (A; the worst of 2) | at least 2x | **not met** (1 of 2) |" in second
+    with pytest.raises(UserError, match='"show": \'best\''):
+        report.render(make_page(tmp_path, [dict(SPEEDUP, show="best")]), tmp_path)
+
+
 def test_ratio_difference_and_aggregates(tmp_path):
     results = make_page(tmp_path, [])
     entry = report.load_entries(results)[0]
