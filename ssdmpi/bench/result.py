@@ -102,7 +102,8 @@ def earlier_provenance(path) -> dict:
     file's ``command``, ``date``, ``machine`` and ``load_average`` (how, when and where the runs
     ran), and ``summarised``: now. Empty when there is no readable earlier result file."""
     try:
-        earlier = json.loads(open(path).read())
+        with open(path) as f:
+            earlier = json.load(f)
     except (OSError, ValueError):
         return {}
     if not isinstance(earlier, dict) or "date" not in earlier:

@@ -389,8 +389,9 @@ def _pattern(v: Variant):
 
 
 def ssgd_c_and_T(base) -> tuple | None:
-    """ssgd's measured compute ``c`` and communication ``T`` per step, seconds: ``T`` is the rest of its
-    step (``c + T`` is ssgd's measured step), or None when a time is missing.
+    """ssgd's measured compute ``c`` and communication ``T`` per step, in the unit of ``base``'s
+    ``compute_s`` and ``step_s``: ``T`` is the rest of its step (``c + T`` is ssgd's measured step),
+    or None when a time is missing.
 
     Not the allreduces' summed time in flight: ssgd's bucket allreduces overlap its backward pass
     and each other, so their times in flight add up to more than the step itself.
