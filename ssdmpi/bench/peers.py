@@ -61,6 +61,7 @@ from ssdmpi.bench.train import (
     markdown_table,
     parse_variant,
     result_json,
+    reused,
     run_jobs,
     run_variants,
     settings_line,
@@ -154,7 +155,7 @@ def check_torch(args, variants) -> None:
     from ssdmpi.verify.torch_ref import torch_available
 
     to_run = {v.name for v, _, run_dir in run_jobs(args, variants)
-              if not (args.reuse and (run_dir / "metrics.jsonl").exists())}
+              if not reused(args, run_dir)}
     peers = [v.name for v in variants if not v.by_ssdmpi and v.name in to_run]
     ok, why = torch_available()
     if peers and not ok:

@@ -388,18 +388,17 @@ def _pattern(v: Variant):
     return v.spec.pattern(SimpleNamespace(comm=v.comm, delay=v.k)) if v.by_ssdmpi else None
 
 
-def ssgd_c_and_T(base) -> tuple | None:
-    """ssgd's measured compute ``c`` and communication ``T`` per step, in the unit of ``base``'s
-    ``compute_s`` and ``step_s``: ``T`` is the rest of its step (``c + T`` is ssgd's measured step),
-    or None when a time is missing.
+def ssgd_c_and_T(compute, step) -> tuple | None:
+    """ssgd's measured compute ``c`` and communication ``T`` per step from its compute and step times
+    (any one unit): ``T`` is the rest of its step (``c + T`` is ssgd's measured step); None when a
+    time is missing.
 
     Not the allreduces' summed time in flight: ssgd's bucket allreduces overlap its backward pass
     and each other, so their times in flight add up to more than the step itself.
     """
-    if base is None or not base.get("compute_s") or not base.get("step_s"):
+    if not compute or not step:
         return None
-    c = base["compute_s"]
-    return c, max(base["step_s"] - c, 0.0)
+    return compute, max(step - compute, 0.0)
 
 
 def add_bounds(rows, variants, base) -> None:
@@ -412,7 +411,7 @@ def add_bounds(rows, variants, base) -> None:
       compute per step as ``c_busy`` and its own allreduce time in flight as ``T_busy``;
     - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound).
     """
-    c_and_T = ssgd_c_and_T(base)
+    c_and_T = ssgd_c_and_T(base.get("compute_s"), base.get("step_s")) if base else None
     if c_and_T is None:
         return
     c, T = c_and_T
@@ -451,8 +450,9 @@ def bound_note(rows) -> str:
     """One line naming ssgd's measured ``c`` and ``T`` the bounds come from."""
     for row in rows:
         spec = registry.find(row.get("algo"))
-        if spec and spec.baseline and row.get("compute_ms") is not None and row.get("step_ms") is not None:
-            c, T = ssgd_c_and_T({"compute_s": row["compute_ms"], "step_s": row["step_ms"]})
+        c_and_T = ssgd_c_and_T(row.get("compute_ms"), row.get("step_ms"))
+        if spec and spec.baseline and c_and_T is not None:
+            c, T = c_and_T
             return (f"Bounds from ssgd's measured compute c = {c:.1f} ms and communication T = {T:.1f} ms per "
                     f"step, the rest of its step "
                     f"(ssd period k: (c + T) / max(c, T/k); contention model: ssdmpi bench model's, with each "
@@ -633,7 +633,7 @@ def settings_line(args, kind: str = "train") -> str:
 def run(args) -> int:
     variants = _validate(args)
     earlier = {}
-    if args.reuse and args.out and all((d / "metrics.jsonl").exists() for _, _, d in run_jobs(args, variants)):
+    if args.out and all(reused(args, d) for _, _, d in run_jobs(args, variants)):
         earlier = result_file.earlier_provenance(Path(args.out) / "result.json")     # nothing runs again
     launched = run_variants(args, variants, "train")
     if launched is None:
@@ -667,6 +667,11 @@ def write_figures(args, results: dict) -> None:
     runs = [r["run"] for rs in results.values() if isinstance(rs, list) for r in rs]
     if runs:
         make_figures(runs, Path(args.out) / "figures", title=f"{args.model}, {_where(args)}")
+
+
+def reused(args, run_dir: Path) -> bool:
+    """Whether ``--reuse`` parses the run in ``run_dir`` instead of running it (it has its metrics)."""
+    return bool(args.reuse) and (run_dir / "metrics.jsonl").exists()
 
 
 def run_jobs(args, variants) -> list:
@@ -706,7 +711,7 @@ def run_variants(args, variants, kind: str):
     env = cluster_env() if args.nodes else dict(os.environ)    # one namespace: as users launch
     for v, _rep, run_dir in jobs:
         status = None
-        if not (args.reuse and (run_dir / "metrics.jsonl").exists()):
+        if not reused(args, run_dir):
             cmd = launch_command(v, run_dir, args)
             print(f"[bench {kind}] {run_dir.name}: {shlex.join(cmd)}", flush=True)
             start = time.monotonic()

@@ -319,7 +319,8 @@ def test_every_variant_a_doc_runs_with_bench_accuracy_is_known():
 
     named = set()
     for path in glob.glob(os.path.join(ROOT, "docs", "*.md")) + [os.path.join(ROOT, "README.md")]:
-        text = open(path, encoding="utf-8").read().replace("\\\n", " ")
+        with open(path, encoding="utf-8") as f:
+            text = f.read().replace("\\\n", " ")
         for line in text.splitlines():
             if "bench accuracy" in line:
                 for match in re.finditer(r"--variants\s+([^\s`]+)", line):
