@@ -185,21 +185,26 @@ def parse(args) -> tuple[list[dict], dict]:
 
 
 def _own_setting(variant: str) -> dict:
-    """What ``BASE:TAG=V`` adds to the variant ``BASE``: a setting of its period rule named by the setting's
-    bench tag (``period/delta-merge:d=2``: ``merge_delay`` 2), checked; ``{}`` for a plain name of
-    ``VARIANTS``. ``ValueError`` or ``UserError`` when it is neither."""
+    """What ``BASE:TAG=V[:TAG=V...]`` adds to the variant ``BASE``: settings of its period rule, each named
+    once by the setting's bench tag (``period/delta-merge:d=2``: ``merge_delay`` 2), checked; ``{}`` for a
+    plain name of ``VARIANTS``. ``ValueError`` or ``UserError`` when it is neither."""
     base, _, param = variant.partition(":")
     if base not in VARIANTS:
         raise ValueError(variant)
     if not param:
         return {}
-    tag, _, value = param.partition("=")
     rule = registry.RULES.get(VARIANTS[base].get("period_rule"))
-    for s in (rule.settings if rule is not None else ()):
-        if s.bench_tag and s.bench_tag.split("{")[0] == tag:
-            s.validate(s.type(value))
-            return {s.name: s.type(value)}
-    raise ValueError(variant)
+    out = {}
+    for part in param.split(":"):
+        tag, _, value = part.partition("=")
+        found = [s for s in (rule.settings if rule is not None else ())
+                 if s.bench_tag and s.bench_tag.split("{")[0] == tag]
+        if not found or found[0].name in out:
+            raise ValueError(variant)
+        s = found[0]
+        s.validate(s.type(value))
+        out[s.name] = s.type(value)
+    return out
 
 
 def _known(variant: str) -> bool:
@@ -241,7 +246,18 @@ def _fmt(value) -> str:
 # --- one configuration -----------------------------------------------------------------
 
 def run_config(cfg: dict, data_path: str | None = None) -> dict:
-    """Simulate one configuration; return its CSV row (``acc_W`` after finalize, in percent)."""
+    """Simulate one configuration; return its CSV row (``acc_W`` after finalize, in percent).
+
+    It runs with one BLAS thread, whatever the caller's limits: a matrix product split over more
+    threads sums in another order, and at a high learning rate that rounding changes the final
+    accuracy by points, so the table would depend on the machine's cores and ``--jobs``."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return _simulate_config(cfg, data_path)
+
+
+def _simulate_config(cfg: dict, data_path: str | None) -> dict:
     import numpy as np
 
     from ssdmpi.algos import AlgoConfig

@@ -178,6 +178,27 @@ def test_two_jobs_give_the_same_numbers(sweep, tmp_path):
     assert one == two
 
 
+def test_a_configuration_runs_with_one_blas_thread_whatever_the_callers_limit(monkeypatch):
+    """More BLAS threads sum a product in another order; at lr 0.1 that moves the final accuracy by
+    points, so each configuration pins one thread (the table must not depend on the cores)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from ssdmpi.algos import reference
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(max(pool["num_threads"] for pool in threadpool_info()))
+        return real(*args, **kwargs)
+
+    real = reference.simulate
+    monkeypatch.setattr(reference, "simulate", spy)
+    cfg = dict(ASGD_CFG, variant="ssgd", N=1, epochs=0.05)
+    with threadpool_limits(limits=2):
+        row = accuracy.run_config(cfg)
+    assert seen == [1] and 0 <= row["acc_W"] <= 100
+
+
 def test_resume_skips_done_configurations_and_runs_the_rest(tmp_path):
     out = tmp_path / "r"
     first = bench(TINY[:-1] + ["ssgd,localsgd", "--out", str(out)])
