@@ -318,6 +318,8 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         if v.k == "auto":       # the k each repeat's run chose (--delay auto)
             row["k_chosen"] = [(r["run"].summary.get("delay_auto") or {}).get("delay") for r in results]
             row["k"] = f"auto ({', '.join(str(k) for k in row['k_chosen'])})"
+        if v.comm == "period":
+            row["windows"] = [run_window(r["run"]) for r in results]
         row["status"] = "ok" if len(results) == 1 else f"ok (median of {len(results)})"
         row["_m"] = m
         rows.append(row)
@@ -405,8 +407,9 @@ def add_bounds(rows, variants, base) -> None:
     """Add each row's bounds from ssgd's own measured compute ``c`` and communication ``T`` per step
     (``ssgd_c_and_T``):
 
-    - ``bound``: the schedule's speedup over ssgd with perfect overlap, ``(c + T) / max(c, T/k)``
-      for ssd period k (``bench model``'s ``predict_step`` without contention);
+    - ``bound``: the schedule's speedup over ssgd with perfect overlap (``bench model``'s
+      ``predict_step`` without contention): for ssd period k with merge delay d (``run_window``),
+      ``k (c + T) / (k c + max(0, T - d c))``, ``(c + T) / max(c, T/k)`` at ``d = k``;
     - ``model_bound``: the same with the contention model of ``bench model``: the variant's own
       compute per step as ``c_busy`` and its own allreduce time in flight as ``T_busy``;
     - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound).
@@ -427,14 +430,29 @@ def add_bounds(rows, variants, base) -> None:
             k = chosen.pop() if len(chosen) == 1 else None
             if k is None:
                 continue
-        row["bound"] = (c + T) / predict_step(kind, c, T, k)
+        windows = set(row.get("windows") or [None])
+        window = windows.pop() if kind == "period" and len(windows) == 1 else None
+        if kind == "period" and window is None:     # repeats that overlapped differently, or unknown
+            continue
+        row["bound"] = (c + T) / predict_step(kind, c, T, k, window=window)
         per_allreduce = k if PATTERNS[kind].periodic else 1     # a period run sends once every k steps
         c_busy = None if row.get("compute_ms") is None else row["compute_ms"] / 1e3
         t_busy = None if row.get("inflight_ms") is None else row["inflight_ms"] / 1e3 * per_allreduce
         row["allreduce_ms"] = None if t_busy is None else 1e3 * t_busy
-        row["model_bound"] = (c + T) / predict_step(kind, c, T, k, c_busy, t_busy)
+        row["model_bound"] = (c + T) / predict_step(kind, c, T, k, c_busy, t_busy, window=window)
         row["of_bound"] = row["speedup"] / row["bound"]
         row["of_model"] = row["speedup"] / row["model_bound"]
+
+
+def run_window(run):
+    """The steps of a period an ssd period run's allreduce may overlap: its merge delay ``d``
+    (``--merge-delay``, or what ``--delay auto`` chose), its ``k`` for a rule that merges at the next
+    period's end (one without a merge delay of its own, or a run from before the period rules)."""
+    rule = registry.RULES.get(run.setting("period_rule"))
+    chosen = run.summary.get("delay_auto") or {}
+    if rule is None or rule.auto_chooses != "merge_delay":
+        return run.setting("delay") if run.setting("delay") != "auto" else chosen.get("delay")
+    return run.setting("merge_delay") or chosen.get("merge_delay")
 
 
 def breakdown_table(rows, base_note: str = "") -> str:
@@ -455,7 +473,8 @@ def bound_note(rows) -> str:
             c, T = c_and_T
             return (f"Bounds from ssgd's measured compute c = {c:.1f} ms and communication T = {T:.1f} ms per "
                     f"step, the rest of its step "
-                    f"(ssd period k: (c + T) / max(c, T/k); contention model: ssdmpi bench model's, with each "
+                    f"(ssd period k with merge delay d: k (c + T) / (k c + max(0, T - d c)), which is "
+                    f"(c + T) / max(c, T/k) at d = k; contention model: ssdmpi bench model's, with each "
                     f"variant's own compute and allreduce-in-flight times).")
     return ""
 

@@ -103,13 +103,21 @@ def test_summary_prints_the_breakdown_line():
 
 
 class NoEvals:
+    """A run without evaluations; ``settings``: its config, ``summary``: its summary."""
+
+    def __init__(self, settings=None, summary=None):
+        self.settings, self.summary = dict(settings or {}), dict(summary or {})
+
+    def setting(self, name, default=None):
+        return self.settings.get(name, default)
+
     def time_to_accuracy(self, target):
         return None
 
 
-def _metrics(sps, compute, inflight, wait, step, **phases):
+def _metrics(sps, compute, inflight, wait, step, run=None, **phases):
     m = {"samples_per_s": sps, "compute_s": compute, "inflight_s": inflight, "wait_s": wait, "bytes_sent": 1.0,
-         "step_s": step, "final_acc": 0.8, "wall_s": 10.0, "run": NoEvals()}
+         "step_s": step, "final_acc": 0.8, "wall_s": 10.0, "run": run or NoEvals()}
     m.update({k: phases.get(k, 0.0) for k in BREAKDOWN})
     return m
 
@@ -126,7 +134,7 @@ def test_bench_train_bounds_come_from_ssgds_own_c_and_T():
     variants = [parse_variant(v) for v in ("ssgd", "ssd:period:5", "localsgd:5", "ssd:step:5")]
     ssgd = _metrics(46.5, c, 2.6, T, c + T, fb_s=0.06, update_s=0.02, data_s=0.005, blocked_s=T)
     period = _metrics(46.5 * 4.02, 0.1, 1.6 / 5, 0.02, 0.12, fb_s=0.07, update_s=0.02, data_s=0.005,
-                      blocked_s=0.02, other_s=0.005)
+                      blocked_s=0.02, other_s=0.005, run=NoEvals({"period_rule": "delta-own", "delay": 5}))
     local = _metrics(46.5 * 2.0, 0.09, T / 5, T / 5, 0.09 + T / 5)
     step = _metrics(46.5 * 1.0, 0.1, 1.5, 1.4, 1.5)
     rows = summarise(variants, {"ssgd": [ssgd], "ssd-period-k5": [period], "localsgd-k5": [local],
@@ -146,6 +154,52 @@ def test_bench_train_bounds_come_from_ssgds_own_c_and_T():
     assert "c = 85.0 ms and communication T = 1290.0 ms per step, the rest of its step" in table
     assert "| ssd-period-k5 | 120.0 | 70.00 | 20.00 | 5.00 | 20.00 | 0.00 | 0.00 | 5.00 | 0.958 | 1600.0 | 4.02x " \
            "| 5.33x | 0.754 |" in table
+
+
+def test_a_period_runs_bound_overlaps_only_its_merge_delay():
+    """delta-merge merges d steps after the post: the allreduce hides behind d steps, and T - d c is
+    exposed once per period. c = 85 ms, T = 1.29 s: at k = 5, d = 1 the period takes 5 c + (T - c) =
+    1.63 s, a bound of 5 x 1.375 / 1.63 = 4.22x; d = 5 hides 425 ms of it: (c + T) / (T / 5) = 5.33x;
+    --delay auto at the (k, d) its run chose, (23, 14): 14 c = 1.19 s < T, so 23 x 1.375 / (23 c + T - 14 c)
+    = 15.39x. A run from before the period rules (no period_rule) merged at the next period's end."""
+    from ssdmpi.bench.train import parse_variant, summarise
+
+    c, T = 0.085, 1.29
+    names = ("ssgd", "ssd:period:5", "ssd:period:5:d5", "ssd:period:auto", "ssd:period:10")
+    variants = [parse_variant(v) for v in names]
+    runs = {"ssd-period-k5": {"period_rule": "delta-merge", "delay": 5, "merge_delay": 1},
+            "ssd-period-k5-d5": {"period_rule": "delta-merge", "delay": 5, "merge_delay": 5},
+            "ssd-period-kauto": {"period_rule": "delta-merge", "delay": "auto", "merge_delay": None},
+            "ssd-period-k10": {"delay": 10}}
+    auto_summary = {"delay_auto": {"delay": 23, "merge_delay": 14}}
+    results = {"ssgd": [_metrics(46.5, c, 2.6, T, c + T)]}
+    for name, settings in runs.items():
+        run = NoEvals(settings, auto_summary if "auto" in name else None)
+        results[name] = [_metrics(46.5 * 4, 0.1, 0.3, 0.02, 0.12, run=run)]
+    by = {r["name"]: r for r in summarise(variants, results)}
+    assert by["ssd-period-k5"]["bound"] == pytest.approx(5 * 1.375 / 1.63) == pytest.approx(4.218, abs=1e-3)
+    assert by["ssd-period-k5"]["of_bound"] == pytest.approx(4 / 4.218, abs=1e-3)
+    assert by["ssd-period-k5-d5"]["bound"] == pytest.approx(1.375 / (1.29 / 5))
+    assert by["ssd-period-kauto"]["bound"] == pytest.approx(23 * 1.375 / (23 * c + T - 14 * c))
+    assert by["ssd-period-kauto"]["bound"] == pytest.approx(15.39, abs=0.01)
+    assert by["ssd-period-k10"]["bound"] == pytest.approx(1.375 / max(c, T / 10))
+    assert [by[n]["windows"] for n in runs] == [[1], [5], [14], [10]]
+
+
+def test_the_overlap_window_in_the_step_model():
+    """predict_step's window d: the allreduce overlaps the first d of k steps (hand-computed periods)."""
+    from ssdmpi.bench.model.alphabeta import predict_step
+
+    c, T = 0.1, 0.45
+    assert predict_step("period", c, T, 5, window=1) == pytest.approx((5 * c + T - c) / 5)          # 0.135
+    assert predict_step("period", c, T, 5, window=4) == pytest.approx((5 * c + T - 4 * c) / 5)      # 0.105
+    assert predict_step("period", c, T, 5, window=5) == pytest.approx(c) == predict_step("period", c, T, 5)
+    # contention: the allreduce at 1.5x while it runs, compute at 2x: window first after 2 c_busy = 0.4 s,
+    # having moved 0.4/0.675 of the allreduce; the rest alone, then 3 steps of compute
+    assert predict_step("period", c, T, 5, 2 * c, 1.5 * T, window=2) == pytest.approx(
+        (0.4 + T * (1 - 0.4 / 0.675) + 3 * c) / 5)
+    with pytest.raises(ValueError, match="window"):
+        predict_step("period", c, T, 5, window=6)
 
 
 def test_breakdown_figure_is_drawn_from_step_records(tmp_path):
@@ -209,10 +263,11 @@ def test_the_record_logged_at_the_switch_is_not_steady_state(tmp_path):
 
 
 class ChoseK(NoEvals):
-    """A run whose --delay auto chose ``k``, as its summary.json records it."""
+    """A run whose --delay auto chose ``k`` and ``d`` (default ``k``), as its summary.json records it."""
 
-    def __init__(self, k):
-        self.summary = {"delay_auto": {"delay": k, "merge_delay": 1}}
+    def __init__(self, k, d=None):
+        super().__init__({"period_rule": "delta-merge", "delay": "auto"},
+                         {"delay_auto": {"delay": k, "merge_delay": k if d is None else d}})
 
 
 def test_bench_train_bounds_an_auto_variant_at_the_k_its_run_chose():

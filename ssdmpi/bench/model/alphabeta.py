@@ -8,16 +8,19 @@ The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allred
                                                   overlapped with the next k steps (below)
     ssd --comm step (odsgd)   the same, k = 1     each allreduce overlaps ONE step
 
-The period ``P`` must do ``k c`` of compute and one allreduce. While both run, the compute
+The period ``P`` must do ``k c`` of compute and one allreduce, which may overlap only the
+first ``d`` steps of it (the window: a period rule's merge delay, ``--merge-delay d``;
+``d = k`` for a rule that merges at the next period's end). While both run, the compute
 runs at speed ``c / c_busy`` and the allreduce at ``T / T_busy``; whichever finishes first
 leaves the other to run alone::
 
-    T_busy <= k c_busy  (allreduce first):  P = T_busy + k c - T_busy * c / c_busy
-    otherwise           (compute first):    P = k c_busy + T - T * k c_busy / T_busy
+    T_busy <= d c_busy  (allreduce first):  P = T_busy + k c - T_busy * c / c_busy
+    otherwise           (window first):     P = d c_busy + T - T * d c_busy / T_busy + (k - d) c
 
-With perfect overlap (``c_busy = c``, ``T_busy = T``) this is ``P / k = max(c, T/k)``, and
-the speedup of ssd period over ssgd is ``(c + T) / max(c, T/k) <= 1 + T/c``, reached at
-``k >= T/c``. ``T_busy`` enters the predictions as its measured ratio to the measured alone
+With perfect overlap (``c_busy = c``, ``T_busy = T``) this is ``P = k c + max(0, T - d c)``;
+at ``d = k``, ``P / k = max(c, T/k)``, and the speedup of ssd period over ssgd is
+``(c + T) / max(c, T/k) <= 1 + T/c``, reached at ``k >= T/c``. A shorter window exposes
+``T - d c`` once per period when the allreduce outlasts it. ``T_busy`` enters the predictions as its measured ratio to the measured alone
 time, applied to the fitted ``T``.
 
 Allreduce time, ring algorithm on ``N`` ranks (per-hop latency ``alpha``, per-byte time on
@@ -112,18 +115,22 @@ PATTERNS = {
 
 
 def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None,
-                 allreduce_busy: float | None = None) -> float:
+                 allreduce_busy: float | None = None, window: int | None = None) -> float:
     """Predicted seconds per step of a communication pattern (see the module docstring).
 
     ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period`` (``PATTERNS``; asgd's is
     ``ps_step_time``). ``compute_busy`` / ``allreduce_busy``: a compute step's / the allreduce's
     seconds while the other runs too (default: unchanged, i.e. perfect overlap). Values faster than
-    alone count as alone.
+    alone count as alone. ``window``: the steps of a period the allreduce may overlap, ``1..k``
+    (a period rule's merge delay ``d``; default ``k``).
     """
     pattern = PATTERNS.get(kind)
     if pattern is None or pattern.allreduce == "servers":
         raise ValueError(f"unknown communication pattern {kind!r}")
     k = k if pattern.periodic else 1
+    d = k if window is None or not pattern.periodic else window
+    if not 1 <= d <= k:
+        raise ValueError(f"the overlap window must be 1..k={k} steps, got {window!r}")
     if pattern.allreduce is None:
         return compute
     if pattern.allreduce == "blocking":
@@ -131,12 +138,13 @@ def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, comput
     c_busy = max(compute, compute_busy or compute)
     t_busy = max(allreduce, allreduce_busy or allreduce)
     work = k * compute
-    if t_busy <= k * c_busy:
+    if t_busy <= d * c_busy:
         # the allreduce finishes first, having slowed t_busy of compute to r_c = c/c_busy
         period = t_busy + work - t_busy * compute / c_busy
     else:
-        # the compute finishes first (after k c_busy), the allreduce then runs alone
-        period = k * c_busy + allreduce - allreduce * k * c_busy / t_busy
+        # the window's d steps finish first (after d c_busy), the allreduce then runs alone, then the
+        # period's other k - d steps
+        period = d * c_busy + allreduce - allreduce * d * c_busy / t_busy + (k - d) * compute
     return period / k
 
 
