@@ -368,10 +368,13 @@ BREAKDOWN_COLUMNS = (
     ("sum_ratio", "phases / step"),
     ("allreduce_ms", "allreduce ms (in flight)"),
     ("speedup", "speedup vs ssgd"),
+    ("window", "overlap steps d"),
     ("bound", "overlap bound"),
     ("of_bound", "of bound"),
     ("model_bound", "contention model"),
     ("of_model", "of model"),
+    ("period_bound", "bound at d = k"),
+    ("of_period_bound", "of it"),
 )
 
 
@@ -412,7 +415,10 @@ def add_bounds(rows, variants, base) -> None:
       ``k (c + T) / (k c + max(0, T - d c))``, ``(c + T) / max(c, T/k)`` at ``d = k``;
     - ``model_bound``: the same with the contention model of ``bench model``: the variant's own
       compute per step as ``c_busy`` and its own allreduce time in flight as ``T_busy``;
-    - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound).
+    - ``of_bound`` / ``of_model``: the measured speedup over each (1.0: at the bound);
+    - ``period_bound`` / ``of_period_bound`` (a period run whose merge delay exposes part of the
+      allreduce, ``d c < T``): the bound with a whole period of hiding, ``(c + T) / max(c, T/k)``, and
+      the speedup over it: what the merge delay costs.
     """
     c_and_T = ssgd_c_and_T(base.get("compute_s"), base.get("step_s")) if base else None
     if c_and_T is None:
@@ -434,6 +440,7 @@ def add_bounds(rows, variants, base) -> None:
         window = windows.pop() if kind == "period" and len(windows) == 1 else None
         if kind == "period" and window is None:     # repeats that overlapped differently, or unknown
             continue
+        row["window"] = window
         row["bound"] = (c + T) / predict_step(kind, c, T, k, window=window)
         per_allreduce = k if PATTERNS[kind].periodic else 1     # a period run sends once every k steps
         c_busy = None if row.get("compute_ms") is None else row["compute_ms"] / 1e3
@@ -442,6 +449,9 @@ def add_bounds(rows, variants, base) -> None:
         row["model_bound"] = (c + T) / predict_step(kind, c, T, k, c_busy, t_busy, window=window)
         row["of_bound"] = row["speedup"] / row["bound"]
         row["of_model"] = row["speedup"] / row["model_bound"]
+        whole = (c + T) / predict_step(kind, c, T, k)   # a whole period of hiding (d = k)
+        if kind == "period" and whole > row["bound"]:   # the merge delay exposes part of the allreduce
+            row["period_bound"], row["of_period_bound"] = whole, row["speedup"] / whole
 
 
 def run_window(run):
@@ -483,9 +493,9 @@ def _fmt(key, value) -> str:
     if value is None or value == "":
         return ""
     if isinstance(value, float):
-        if key in ("speedup", "tta_ratio", "bound", "model_bound", "x_ddp", "tta_x_ddp"):
+        if key in ("speedup", "tta_ratio", "bound", "model_bound", "period_bound", "x_ddp", "tta_x_ddp"):
             return f"{value:.2f}x"
-        if key in ("of_bound", "of_model", "sum_ratio", "of_overlap_bound"):
+        if key in ("of_bound", "of_model", "of_period_bound", "sum_ratio", "of_overlap_bound"):
             return f"{value:.3f}"
         if key in ("acc_delta", "acc_vs_ddp"):
             return f"{value:+.2f}"

@@ -153,7 +153,7 @@ def test_bench_train_bounds_come_from_ssgds_own_c_and_T():
     table = breakdown_table(rows, bound_note(rows))
     assert "c = 85.0 ms and communication T = 1290.0 ms per step, the rest of its step" in table
     assert "| ssd-period-k5 | 120.0 | 70.00 | 20.00 | 5.00 | 20.00 | 0.00 | 0.00 | 5.00 | 0.958 | 1600.0 | 4.02x " \
-           "| 5.33x | 0.754 |" in table
+           "| 5 | 5.33x | 0.754 |" in table
 
 
 def test_a_period_runs_bound_overlaps_only_its_merge_delay():
@@ -161,29 +161,38 @@ def test_a_period_runs_bound_overlaps_only_its_merge_delay():
     exposed once per period. c = 85 ms, T = 1.29 s: at k = 5, d = 1 the period takes 5 c + (T - c) =
     1.63 s, a bound of 5 x 1.375 / 1.63 = 4.22x; d = 5 hides 425 ms of it: (c + T) / (T / 5) = 5.33x;
     --delay auto at the (k, d) its run chose, (23, 14): 14 c = 1.19 s < T, so 23 x 1.375 / (23 c + T - 14 c)
-    = 15.39x. A run from before the period rules (no period_rule) merged at the next period's end."""
+    = 15.39x, and (23, 16) hides it all (16 c >= T): c + T over c. ``period_bound``, the bound with a whole
+    period of hiding, is there only where the window exposes part of the allreduce. A run from before the period rules (no period_rule) merged at the next period's end."""
     from ssdmpi.bench.train import parse_variant, summarise
 
     c, T = 0.085, 1.29
-    names = ("ssgd", "ssd:period:5", "ssd:period:5:d5", "ssd:period:auto", "ssd:period:10")
+    names = ("ssgd", "ssd:period:5", "ssd:period:5:d5", "ssd:period:auto", "ssd:period:auto:32", "ssd:period:10")
     variants = [parse_variant(v) for v in names]
     runs = {"ssd-period-k5": {"period_rule": "delta-merge", "delay": 5, "merge_delay": 1},
             "ssd-period-k5-d5": {"period_rule": "delta-merge", "delay": 5, "merge_delay": 5},
             "ssd-period-kauto": {"period_rule": "delta-merge", "delay": "auto", "merge_delay": None},
+            "ssd-period-kauto-max32": {"period_rule": "delta-merge", "delay": "auto", "merge_delay": None},
             "ssd-period-k10": {"delay": 10}}
-    auto_summary = {"delay_auto": {"delay": 23, "merge_delay": 14}}
+    chose = {"ssd-period-kauto": (23, 14), "ssd-period-kauto-max32": (23, 16)}     # 16 c = 1.36 s >= T
     results = {"ssgd": [_metrics(46.5, c, 2.6, T, c + T)]}
     for name, settings in runs.items():
-        run = NoEvals(settings, auto_summary if "auto" in name else None)
+        k, d = chose.get(name, (None, None))
+        run = NoEvals(settings, {"delay_auto": {"delay": k, "merge_delay": d}} if k else None)
         results[name] = [_metrics(46.5 * 4, 0.1, 0.3, 0.02, 0.12, run=run)]
     by = {r["name"]: r for r in summarise(variants, results)}
     assert by["ssd-period-k5"]["bound"] == pytest.approx(5 * 1.375 / 1.63) == pytest.approx(4.218, abs=1e-3)
     assert by["ssd-period-k5"]["of_bound"] == pytest.approx(4 / 4.218, abs=1e-3)
+    assert by["ssd-period-k5"]["period_bound"] == pytest.approx(1.375 / (1.29 / 5))       # d = k: 5.33x
+    assert by["ssd-period-k5"]["of_period_bound"] == pytest.approx(4 / 5.329, abs=1e-3)
+    assert by["ssd-period-kauto"]["period_bound"] == pytest.approx(1.375 / c)     # max(c, T/23) = c
+    assert by["ssd-period-kauto-max32"]["bound"] == pytest.approx(1.375 / c)     # all hidden: max(c, T/23)
+    for name in ("ssd-period-k5-d5", "ssd-period-kauto-max32", "ssd-period-k10"):   # d = k, or d c >= T
+        assert "period_bound" not in by[name]
     assert by["ssd-period-k5-d5"]["bound"] == pytest.approx(1.375 / (1.29 / 5))
     assert by["ssd-period-kauto"]["bound"] == pytest.approx(23 * 1.375 / (23 * c + T - 14 * c))
     assert by["ssd-period-kauto"]["bound"] == pytest.approx(15.39, abs=0.01)
     assert by["ssd-period-k10"]["bound"] == pytest.approx(1.375 / max(c, T / 10))
-    assert [by[n]["windows"] for n in runs] == [[1], [5], [14], [10]]
+    assert [by[n]["windows"] for n in runs] == [[1], [5], [14], [16], [10]]
 
 
 def test_the_overlap_window_in_the_step_model():
