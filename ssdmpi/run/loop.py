@@ -268,6 +268,7 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int, at: dict
     state.totals["wall"] += sums["my_wall"]
     record["train_s"] = state.train_s()
     out.write(record)
+    out.step_logged(record)
     out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": at["stage"], "loss": record["loss"],
                                "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
                                "test_acc": state.last_eval.get("test_acc")})   # of the last evaluation

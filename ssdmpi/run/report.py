@@ -4,6 +4,7 @@ line that opens a run (``Reporter``). Other ranks get a silent one."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -25,6 +26,7 @@ class Reporter:
     def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
         cfg, step = job.cfg, job.state.step
         self.log, self.loggers, self._job = None, [], job
+        self._exposed = ExposedWait(job)
         job.algo.on_delay_chosen = self.delay_chosen     # --delay auto: told when k is chosen
         if comm.rank == 0:
             metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
@@ -66,6 +68,12 @@ class Reporter:
         if self.log is not None:
             self._write_config()
 
+    def step_logged(self, record: dict) -> None:
+        """After each step record: the note of ``ExposedWait``, once per run."""
+        note = self._exposed.check(record)
+        if note is not None:
+            self.message(note)
+
     def write(self, record: dict) -> None:
         if self.log is not None:
             self.log.write(record)
@@ -96,3 +104,49 @@ def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
             f"batch {cfg.batch_size} per {per}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
             f"run directory {cfg.run_dir}"
             + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))
+
+
+EXPOSED_SHARE = 0.2     # a period run whose steps wait this share of their time on the allreduce gets the note
+
+
+class ExposedWait:
+    """Whether to tell the user of an ssd ``--comm period`` run at a fixed ``k`` that its ranks wait on
+    the allreduce: ``check(record)`` after each step record returns ``exposed_wait_note`` once per run,
+    from a record whose whole interval was in the delay stage (the one that ends at the switch also
+    holds SSGD's blocking steps); None otherwise. ``--delay auto`` runs and other schedules get none."""
+
+    def __init__(self, job):
+        algo = job.algo
+        pattern = registry.algorithm(job.cfg.algo).pattern(job.algo_cfg) or (None,)
+        self.applies = pattern[0] == "period" and not algo.auto and bool(algo.k)
+        self.k, self.d, self.last_stage = algo.k, algo.d, None
+
+    def check(self, record: dict) -> str | None:
+        whole = record.get("stage") == "delay" and self.last_stage == "delay"
+        self.last_stage = record.get("stage")
+        if not (self.applies and whole):
+            return None
+        note = exposed_wait_note(record, self.k, self.d)
+        if note is not None:
+            self.applies = False
+        return note
+
+
+def exposed_wait_note(record: dict, k: int, d: int | None) -> str | None:
+    """What to tell the user of an ssd ``--comm period`` run at period ``k`` with merge delay ``d``
+    (None: merged at the next period's end, ``d = k``) whose ranks wait for the allreduce more than
+    ``EXPOSED_SHARE`` of each step, from a delay-stage step record (``wait_s``, ``step_s``,
+    ``compute_s``, ``inflight_s`` per step); None when they do not."""
+    step, wait, compute = record.get("step_s"), record.get("wait_s"), record.get("compute_s")
+    if not step or not compute or wait is None or wait <= EXPOSED_SHARE * step:
+        return None
+    window = k if d is None else d
+    in_flight = (record.get("inflight_s") or 0.0) * k       # one allreduce per period
+    need = math.ceil(1.05 * in_flight / compute) if in_flight else None
+    what = (f"--merge-delay {window} lets {counted(window, 'step')} of compute hide it" if d is not None
+            else f"the period of {counted(k, 'step')} hides it")
+    return (f"note: each step waits {1e3 * wait:.0f} ms ({wait / step:.0%} of it) for the period's allreduce, "
+            f"in flight {1e3 * in_flight:.0f} ms against {1e3 * compute:.0f} ms of compute per step; {what}"
+            + (f", about {need} would" if need and need > window else "")
+            + ". --delay auto chooses k and the merge delay to hide it within the stable range "
+              "(docs/PERIOD_RULE.md)")

@@ -1,0 +1,50 @@
+"""The note a fixed-k ``ssd --comm period`` run prints once when its ranks wait on the allreduce
+(ssdmpi/run/report.py: ``exposed_wait_note``, ``ExposedWait``)."""
+
+from types import SimpleNamespace
+
+from ssdmpi.run.report import ExposedWait, exposed_wait_note
+
+# wide-mlp at 1 Gbit/s, k = 5, d = 1 (BENCHMARKS.md, communication-bound, seed 0): a 372.8 ms step
+# waits 198.3 ms; 171.2 ms of compute; 234.5 ms in flight per step, so 1172.5 ms per allreduce.
+SLOW = {"step_s": 0.3728, "wait_s": 0.1983, "compute_s": 0.1712, "inflight_s": 0.2345}
+
+
+def test_the_note_says_how_long_each_step_waits_and_what_would_hide_the_allreduce():
+    note = exposed_wait_note(SLOW, 5, 1)
+    assert note.startswith("note: each step waits 198 ms (53% of it) for the period's allreduce, in flight 1172 ms "
+                           "against 171 ms of compute per step; --merge-delay 1 lets 1 step of compute hide it, "
+                           "about 8 would. --delay auto chooses k")          # 1.05 x 1172.5 / 171.2 = 7.2
+    assert "\n" not in note
+
+
+def test_a_rule_merged_at_the_next_periods_end_hides_it_behind_the_period():
+    note = exposed_wait_note(SLOW, 5, None)
+    assert "the period of 5 steps hides it, about 8 would." in note
+    at_10 = exposed_wait_note({**SLOW, "inflight_s": 0.11725}, 10, None)       # 1172.5 ms per allreduce again
+    assert "the period of 10 steps hides it. --delay auto" in at_10           # 10 steps would do
+
+
+def test_no_note_when_the_wait_is_a_small_share_of_the_step():
+    assert exposed_wait_note({**SLOW, "wait_s": 0.07}, 5, 1) is None           # 19% of the step
+    assert exposed_wait_note({**SLOW, "wait_s": 0.08}, 5, 1) is not None       # 21%
+    assert exposed_wait_note({**SLOW, "step_s": None}, 5, 1) is None
+
+
+def job(algo="ssd", comm="period", k=5, d=1, auto=False):
+    return SimpleNamespace(cfg=SimpleNamespace(algo=algo), algo=SimpleNamespace(auto=auto, k=k, d=d),
+                           algo_cfg=SimpleNamespace(comm=comm, delay="auto" if auto else k))
+
+
+def test_once_per_run_and_only_from_an_interval_wholly_in_the_delay_stage():
+    watch = ExposedWait(job())
+    assert watch.check({**SLOW, "stage": "warmup"}) is None
+    assert watch.check({**SLOW, "stage": "delay"}) is None            # the interval ending at the switch
+    assert watch.check({**SLOW, "stage": "delay"}).startswith("note: each step waits 198 ms")
+    assert watch.check({**SLOW, "stage": "delay"}) is None            # said once
+
+
+def test_no_note_for_delay_auto_comm_step_or_other_algorithms():
+    for j in (job(auto=True, k=None, d=None), job(comm="step"), job(algo="ssgd"), job(algo="localsgd")):
+        watch = ExposedWait(j)
+        assert [watch.check({**SLOW, "stage": s}) for s in ("delay", "delay", "delay")] == [None] * 3
