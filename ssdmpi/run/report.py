@@ -119,7 +119,8 @@ class ExposedWait:
         algo = job.algo
         pattern = registry.algorithm(job.cfg.algo).pattern(job.algo_cfg) or (None,)
         self.applies = pattern[0] == "period" and not algo.auto and bool(algo.k)
-        self.k, self.d, self.last_stage = algo.k, algo.d, None
+        self.k, self.d = (algo.k, algo.d) if self.applies else (None, None)
+        self.last_stage = None
 
     def check(self, record: dict) -> str | None:
         whole = record.get("stage") == "delay" and self.last_stage == "delay"

@@ -45,6 +45,8 @@ def test_once_per_run_and_only_from_an_interval_wholly_in_the_delay_stage():
 
 
 def test_no_note_for_delay_auto_comm_step_or_other_algorithms():
-    for j in (job(auto=True, k=None, d=None), job(comm="step"), job(algo="ssgd"), job(algo="localsgd")):
+    asgd = SimpleNamespace(cfg=SimpleNamespace(algo="asgd"), algo=SimpleNamespace(auto=False),   # no k, no d
+                           algo_cfg=SimpleNamespace(comm=None, delay=None))
+    for j in (job(auto=True, k=None, d=None), job(comm="step"), job(algo="ssgd"), job(algo="localsgd"), asgd):
         watch = ExposedWait(j)
         assert [watch.check({**SLOW, "stage": s}) for s in ("delay", "delay", "delay")] == [None] * 3

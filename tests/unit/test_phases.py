@@ -162,7 +162,8 @@ def test_a_period_runs_bound_overlaps_only_its_merge_delay():
     1.63 s, a bound of 5 x 1.375 / 1.63 = 4.22x; d = 5 hides 425 ms of it: (c + T) / (T / 5) = 5.33x;
     --delay auto at the (k, d) its run chose, (23, 14): 14 c = 1.19 s < T, so 23 x 1.375 / (23 c + T - 14 c)
     = 15.39x, and (23, 16) hides it all (16 c >= T): c + T over c. ``period_bound``, the bound with a whole
-    period of hiding, is there only where the window exposes part of the allreduce. A run from before the period rules (no period_rule) merged at the next period's end."""
+    period of hiding, is there only where the window exposes part of the allreduce. A run from before the
+    period rules (no period_rule) merged at the next period's end."""
     from ssdmpi.bench.train import parse_variant, summarise
 
     c, T = 0.085, 1.29

@@ -20,8 +20,8 @@ leaves the other to run alone::
 With perfect overlap (``c_busy = c``, ``T_busy = T``) this is ``P = k c + max(0, T - d c)``;
 at ``d = k``, ``P / k = max(c, T/k)``, and the speedup of ssd period over ssgd is
 ``(c + T) / max(c, T/k) <= 1 + T/c``, reached at ``k >= T/c``. A shorter window exposes
-``T - d c`` once per period when the allreduce outlasts it. ``T_busy`` enters the predictions as its measured ratio to the measured alone
-time, applied to the fitted ``T``.
+``T - d c`` once per period when the allreduce outlasts it. ``T_busy`` enters the predictions
+as its measured ratio to the measured alone time, applied to the fitted ``T``.
 
 Allreduce time, ring algorithm on ``N`` ranks (per-hop latency ``alpha``, per-byte time on
 a rank's link ``beta``; each rank sends ``2 (N-1)/N * S`` bytes in ``2 (N-1)`` messages)::

@@ -41,7 +41,8 @@ def report(measured: dict, result: dict, net: str) -> str:
                    f"{s['predicted_speedup']:.2f}x |")
     out += ["", f"Planning: predicted speedup of ssd --comm period k={r['plan_k']} over ssgd for this model, "
                 f"c = {r['plan_compute_s'] * 1e3:.2f} ms/step, link efficiency {r['efficiency']:.2f} "
-                f"(best k = ceil(T/c))", "",
+                f"(best k = ceil(T/c)); the allreduce hidden behind the whole period, as --merge-delay "
+                f"{r['plan_k']} (the default d = 1 hides one step; --delay auto chooses k and d)", "",
             "| ranks | link Gbit/s | allreduce ms | ssgd ms/step | ssd period ms/step | speedup | best k |",
             "|---:|---:|---:|---:|---:|---:|---:|"]
     for p in r["plan"]:
