@@ -247,6 +247,7 @@ def test_no_run_renders_the_rows_there_and_marks_cells_short_of_seeds(tmp_path):
     (["--seed", "-1"], "--seed must be comma-separated integers >= 0"),
     (["--variants", "period/delta-merge:d=0"], "--variants: unknown period/delta-merge:d=0"),
     (["--variants", "localsgd:d=1"], "--variants: unknown localsgd:d=1"),
+    (["--variants", "period/delta-merge:d=2:d=3"], "--variants: unknown period/delta-merge:d=2:d=3"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--epochs", "-1"], "--epochs must be > 0"),
     (["--epochs", "mlp=3"], "gives no epochs for lenet5"),
