@@ -111,23 +111,40 @@ EXPOSED_SHARE = 0.2     # a period run whose steps wait this share of their time
 
 class ExposedWait:
     """Whether to tell the user of an ssd ``--comm period`` run at a fixed ``k`` that its ranks wait on
-    the allreduce: ``check(record)`` after each step record returns ``exposed_wait_note`` once per run,
-    from a record whose whole interval was in the delay stage (the one that ends at the switch also
-    holds SSGD's blocking steps); None otherwise. ``--delay auto`` runs and other schedules get none."""
+    the allreduce: ``check(record)`` after each step record returns ``exposed_wait_note`` once per run.
+    It judges the means over at least ``WINDOW_PERIODS`` periods of records whose whole interval was
+    in the delay stage (the one that ends at the switch also holds SSGD's blocking steps): an interval
+    shorter than a period holds a period end or not, and its own means would say little. None
+    otherwise; ``--delay auto`` runs and other schedules get none."""
+
+    WINDOW_PERIODS = 4
+    KEYS = ("step_s", "wait_s", "compute_s", "inflight_s")
 
     def __init__(self, job):
         algo = job.algo
         pattern = registry.algorithm(job.cfg.algo).pattern(job.algo_cfg) or (None,)
         self.applies = pattern[0] == "period" and not algo.auto and bool(algo.k)
         self.k, self.d = (algo.k, algo.d) if self.applies else (None, None)
-        self.last_stage = None
+        self.last_stage = self.last_step = None
+        self._restart()
+
+    def _restart(self) -> None:
+        self.steps, self.sums = 0, dict.fromkeys(self.KEYS, 0.0)
 
     def check(self, record: dict) -> str | None:
-        whole = record.get("stage") == "delay" and self.last_stage == "delay"
-        self.last_stage = record.get("stage")
-        if not (self.applies and whole):
+        stage, step = record.get("stage"), record.get("step")
+        whole = stage == "delay" and self.last_stage == "delay" and None not in (step, self.last_step)
+        steps = step - self.last_step if whole else 0
+        self.last_stage, self.last_step = stage, step
+        if not (self.applies and steps > 0) or any(record.get(key) is None for key in self.KEYS):
             return None
-        note = exposed_wait_note(record, self.k, self.d)
+        for key in self.KEYS:
+            self.sums[key] += record[key] * steps
+        self.steps += steps
+        if self.steps < self.WINDOW_PERIODS * self.k:
+            return None
+        note = exposed_wait_note({key: total / self.steps for key, total in self.sums.items()}, self.k, self.d)
+        self._restart()
         if note is not None:
             self.applies = False
         return note

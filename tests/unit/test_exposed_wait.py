@@ -36,12 +36,39 @@ def job(algo="ssd", comm="period", k=5, d=1, auto=False):
                            algo_cfg=SimpleNamespace(comm=comm, delay="auto" if auto else k))
 
 
-def test_once_per_run_and_only_from_an_interval_wholly_in_the_delay_stage():
+def records(watch, stage, steps, **values):
+    """Feed ``watch`` one record per end step of ``steps``; the notes it returned."""
+    return [watch.check({**SLOW, **values, "stage": stage, "step": step}) for step in steps]
+
+
+def test_once_per_run_after_four_periods_wholly_in_the_delay_stage():
+    watch = ExposedWait(job())                                              # k = 5: 20 steps
+    assert records(watch, "warmup", [195]) == [None]
+    assert records(watch, "delay", [200]) == [None]                         # the interval ending at the switch
+    notes = records(watch, "delay", [205, 210, 215, 220, 225, 230, 235, 240])
+    assert notes[:3] == [None] * 3 and notes[4:] == [None] * 4              # at 220, and only once
+    assert notes[3].startswith("note: each step waits 198 ms (53% of it)")
+
+
+def test_the_means_span_whole_periods_when_records_are_shorter_than_one():
+    """--log-every 5 at k = 10: a record holds the period end or not; over 40 steps the means are
+    wait 200 ms of a 300 ms step, 150 ms in flight per step, 1500 ms per allreduce: 16 steps of 100 ms
+    would hide it (1.05 x 1500 / 100 = 15.75). The first record alone would say 3000 ms."""
+    watch = ExposedWait(job(k=10))
+    end = {"step_s": 0.5, "wait_s": 0.4, "compute_s": 0.1, "inflight_s": 0.3}
+    rest = {"step_s": 0.1, "wait_s": 0.0, "compute_s": 0.1, "inflight_s": 0.0}
+    notes = [watch.check({**(end if i % 2 else rest), "stage": "delay", "step": 200 + 5 * i}) for i in range(9)]
+    assert notes[:8] == [None] * 8
+    assert notes[8].startswith("note: each step waits 200 ms (67% of it) for the period's allreduce, in flight "
+                               "1500 ms against 100 ms of compute per step; --merge-delay 1 lets 1 step of "
+                               "compute hide it, about 16 would.")
+
+
+def test_a_window_with_little_wait_says_nothing_and_the_next_is_judged_afresh():
     watch = ExposedWait(job())
-    assert watch.check({**SLOW, "stage": "warmup"}) is None
-    assert watch.check({**SLOW, "stage": "delay"}) is None            # the interval ending at the switch
-    assert watch.check({**SLOW, "stage": "delay"}).startswith("note: each step waits 198 ms")
-    assert watch.check({**SLOW, "stage": "delay"}) is None            # said once
+    assert records(watch, "delay", [200, 205, 210, 215, 220], wait_s=0.01) == [None] * 5
+    assert records(watch, "delay", [225, 230, 235]) == [None] * 3
+    assert records(watch, "delay", [240])[0].startswith("note: each step waits 198 ms")
 
 
 def test_no_note_for_delay_auto_comm_step_or_other_algorithms():
@@ -49,4 +76,4 @@ def test_no_note_for_delay_auto_comm_step_or_other_algorithms():
                            algo_cfg=SimpleNamespace(comm=None, delay=None))
     for j in (job(auto=True, k=None, d=None), job(comm="step"), job(algo="ssgd"), job(algo="localsgd"), asgd):
         watch = ExposedWait(j)
-        assert [watch.check({**SLOW, "stage": s}) for s in ("delay", "delay", "delay")] == [None] * 3
+        assert records(watch, "delay", range(200, 300, 5)) == [None] * 20
