@@ -77,6 +77,21 @@ def _check(c: float, T: float, W: float, lo: int, hi: int) -> None:
                          f"got c={c!r}, T={T!r}, W={W!r}")
 
 
+def steps_to_hide(c: float, T: float, most: int | None = None) -> int:
+    """The fewest steps of compute ``c`` (> 0) that hide an allreduce of ``T`` seconds with the margin
+    ``SLACK``: the smallest ``j >= 1`` with ``j c >= (1 + SLACK) T``; ``most`` where more would be
+    needed (also where ``T / c`` is too large to count)."""
+    cover = (1 + SLACK) * T
+    if most is not None and not cover / c <= most:
+        return most
+    j = max(1, math.ceil(cover / c))
+    while j * c < cover:
+        j += 1
+    while j > 1 and (j - 1) * c >= cover:
+        j -= 1
+    return j if most is None else min(j, most)
+
+
 def choose_period(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], hi: int = DELAY_RANGE[1],
                   stable=None, d: int | None = None) -> tuple[int, int]:
     """``(k, d)``: ``d`` hides the allreduce, ``k >= d`` amortises the per-period work and is
@@ -90,9 +105,8 @@ def choose_period(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], 
     if d is not None and not (isinstance(d, int) and lo <= d <= hi):
         raise ValueError(f"need a merge delay d in [{lo}, {hi}], got {d!r}")
     stable = stable or (lambda k, d: True)
-    cover = (1 + SLACK) * T
     if d is None:
-        d_hide = next((j for j in range(lo, hi + 1) if j * c >= cover), hi)
+        d_hide = max(steps_to_hide(c, T, most=hi), lo)
         delays = range(d_hide, lo - 1, -1)
     else:
         delays = [d]

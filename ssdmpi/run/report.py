@@ -4,12 +4,12 @@ line that opens a run (``Reporter``). Other ranks get a silent one."""
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
 from ssdmpi import backend, loggers
 from ssdmpi.algos import registry
+from ssdmpi.algos.auto_delay import steps_to_hide
 from ssdmpi.config import changed_settings
 from ssdmpi.metrics import MetricsLog, Progress, atomic_write, counted, launcher_on_terminal
 from ssdmpi.run.job import Job
@@ -160,7 +160,7 @@ def exposed_wait_note(record: dict, k: int, d: int | None) -> str | None:
         return None
     window = k if d is None else d
     in_flight = (record.get("inflight_s") or 0.0) * k       # one allreduce per period
-    need = math.ceil(1.05 * in_flight / compute) if in_flight else None
+    need = steps_to_hide(compute, in_flight) if in_flight else None
     what = (f"--merge-delay {window} lets {counted(window, 'step')} of compute hide it" if d is not None
             else f"the period of {counted(k, 'step')} hides it")
     return (f"note: each step waits {1e3 * wait:.0f} ms ({wait / step:.0%} of it) for the period's allreduce, "

@@ -21,6 +21,7 @@ from ssdmpi.algos.auto_delay import (
     choose_period,
     decide,
     stable_region,
+    steps_to_hide,
 )
 from ssdmpi.errors import UserError
 
@@ -43,6 +44,14 @@ RULE = "delta-merge"     # the period rule whose merge delay --delay auto choose
 def test_d_is_the_smallest_merge_delay_that_hides_the_allreduce_with_a_margin(c, T, d):
     """Without per-period work and with every pair stable, k = d: the shortest period that holds d."""
     assert choose_period(c, T) == (d, d)
+
+
+def test_steps_to_hide_is_the_fewest_steps_that_cover_the_allreduce_with_the_margin():
+    assert steps_to_hide(0.1, 1.0) == 11                # 10 steps give 1.0 < 1.05
+    assert steps_to_hide(0.105, 1.0) == 10              # 10 x 0.105 = 1.05 exactly
+    assert steps_to_hide(0.2, 0.1) == steps_to_hide(1.0, 0.0) == 1
+    assert steps_to_hide(0.1712, 1.1725) == 8           # the exposed-wait note's example: 7.2 steps
+    assert steps_to_hide(0.001, 1.0, most=32) == 32 and steps_to_hide(1e-320, 1.0, most=32) == 32
 
 
 def test_d_meets_its_definition_exactly_in_floating_point():
