@@ -135,6 +135,24 @@ def test_planning_table_scales_with_ranks_and_bandwidth():
     assert all(p["speedup"] >= 1.0 for p in result["plan"])
 
 
+def test_planning_table_also_predicts_the_default_merge_delay():
+    """With c = 50 ms and no overlap slowdown, k = 5, d = 1 exposes T - c once per period: a step of
+    (5 c + T - c) / 5 where T > c; where one step hides T it is c, as with the whole period."""
+    from ssdmpi.bench.model.alphabeta import analyse
+    from ssdmpi.bench.model.report import report
+
+    measured = synthetic_measurement(b=16e-9)
+    result = analyse(measured, rate_bps=1e9, plan_ranks=(2,), plan_gbits=(1, 100))
+    slow, fast = result["plan"]
+    T = slow["allreduce_s"]                                   # 80 MB at 1 Gbit/s: about 0.64 s
+    assert T > 0.6 and slow["ssd_d1_s"] == pytest.approx((5 * 0.05 + T - 0.05) / 5)
+    assert slow["speedup_d1"] == pytest.approx((0.05 + T) / slow["ssd_d1_s"])
+    assert slow["speedup_d1"] < slow["speedup"]
+    assert fast["allreduce_s"] < 0.05
+    assert fast["ssd_d1_s"] == pytest.approx(0.05) and fast["ssd_period_s"] == pytest.approx(0.05)
+    assert "| d = 1 ms/step | d = 1 speedup |" in report(measured, result, "1gbit")
+
+
 def test_report_lists_measured_points_next_to_predictions():
     from ssdmpi.bench.model.alphabeta import analyse
     from ssdmpi.bench.model.report import report

@@ -289,9 +289,12 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
             beta_link = 8 / (efficiency * gbit * 1e9)
             T_n = ring_allreduce_time(measured["grad_bytes"], n, alpha, beta_link)
             t_ssgd = predict_step("ssgd", c_plan, T_n)
-            t_ssd = predict_step("period", c_plan, T_n, plan_k, c_plan * slowdown, T_n * comm_slowdown)
+            busy = (c_plan * slowdown, T_n * comm_slowdown)
+            t_ssd = predict_step("period", c_plan, T_n, plan_k, *busy)
+            t_one = predict_step("period", c_plan, T_n, plan_k, *busy, window=1)   # the default --merge-delay 1
             plan.append({"ranks": n, "gbit": gbit, "allreduce_s": T_n, "ssgd_s": t_ssgd, "ssd_period_s": t_ssd,
-                         "speedup": t_ssgd / t_ssd, "best_k": max(1, int(-(-T_n // c_plan)))})
+                         "speedup": t_ssgd / t_ssd, "ssd_d1_s": t_one, "speedup_d1": t_ssgd / t_one,
+                         "best_k": max(1, int(-(-T_n // c_plan)))})
     return {**link, "effective_gbit": 8 / b / 1e9 if b > 0 else None, "efficiency": efficiency,
             "fit_from_file": fit_from is not None, "shared_link": shared_link,
             "compute_s": c, "compute_busy_s": c * link["compute_slowdown"], "allreduce_model_s": T,

@@ -41,11 +41,14 @@ def report(measured: dict, result: dict, net: str) -> str:
                    f"{s['predicted_speedup']:.2f}x |")
     out += ["", f"Planning: predicted speedup of ssd --comm period k={r['plan_k']} over ssgd for this model, "
                 f"c = {r['plan_compute_s'] * 1e3:.2f} ms/step, link efficiency {r['efficiency']:.2f} "
-                f"(best k = ceil(T/c)); the allreduce hidden behind the whole period, as --merge-delay "
-                f"{r['plan_k']} (the default d = 1 hides one step; --delay auto chooses k and d)", "",
-            "| ranks | link Gbit/s | allreduce ms | ssgd ms/step | ssd period ms/step | speedup | best k |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
+                f"(best k = ceil(T/c)): the allreduce hidden behind the whole period (as --merge-delay "
+                f"{r['plan_k']}; --delay auto chooses k and d to hide it) and behind one step (the default "
+                f"--merge-delay 1)", "",
+            "| ranks | link Gbit/s | allreduce ms | ssgd ms/step | ssd period ms/step | speedup | d = 1 ms/step "
+            "| d = 1 speedup | best k |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in r["plan"]:
+        one = (f"{p['ssd_d1_s'] * 1e3:.1f} | {p['speedup_d1']:.2f}x" if "ssd_d1_s" in p else " | ")
         out.append(f"| {p['ranks']} | {p['gbit']:g} | {p['allreduce_s'] * 1e3:.1f} | {p['ssgd_s'] * 1e3:.1f} | "
-                   f"{p['ssd_period_s'] * 1e3:.1f} | {p['speedup']:.2f}x | {p['best_k']} |")
+                   f"{p['ssd_period_s'] * 1e3:.1f} | {p['speedup']:.2f}x | {one} | {p['best_k']} |")
     return "\n".join(out) + "\n"
