@@ -432,12 +432,10 @@ def add_bounds(rows, variants, base) -> None:
             continue
         kind, k = pattern
         if k == "auto":     # bounded at the k its repeats chose, when they chose one
-            chosen = set(row.get("k_chosen") or [None])
-            k = chosen.pop() if len(chosen) == 1 else None
+            k = _agreed(row.get("k_chosen"))
             if k is None:
                 continue
-        windows = set(row.get("windows") or [None])
-        window = windows.pop() if kind == "period" and len(windows) == 1 else None
+        window = _agreed(row.get("windows")) if kind == "period" else None
         if kind == "period" and window is None:     # repeats that overlapped differently, or unknown
             continue
         row["window"] = window
@@ -449,9 +447,16 @@ def add_bounds(rows, variants, base) -> None:
         row["model_bound"] = (c + T) / predict_step(kind, c, T, k, c_busy, t_busy, window=window)
         row["of_bound"] = row["speedup"] / row["bound"]
         row["of_model"] = row["speedup"] / row["model_bound"]
-        whole = (c + T) / predict_step(kind, c, T, k)   # a whole period of hiding (d = k)
-        if kind == "period" and whole > row["bound"]:   # the merge delay exposes part of the allreduce
-            row["period_bound"], row["of_period_bound"] = whole, row["speedup"] / whole
+        if kind == "period":
+            whole = (c + T) / predict_step(kind, c, T, k)   # a whole period of hiding (d = k)
+            if whole > row["bound"]:                        # the merge delay exposes part of the allreduce
+                row["period_bound"], row["of_period_bound"] = whole, row["speedup"] / whole
+
+
+def _agreed(values):
+    """The one value every repeat gave; None when there is none, or several."""
+    distinct = set(values or [None])
+    return distinct.pop() if len(distinct) == 1 else None
 
 
 def run_window(run):
