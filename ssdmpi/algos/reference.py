@@ -13,6 +13,7 @@ API::
     sim = simulate(config, model_factory, batches, steps, world_size=N, callback=None)
     sim.W, sim.M, sim.L[r], sim.s, sim.t, sim.stage, sim.losses   # after each step
     sim.step(); sim.finalize(); acc, loss = sim.accuracy(sim.W, test_x, test_y)
+    sim.finalized_W()                          # W as finalize() would leave it now, sim unchanged
 
 ``model_factory()`` returns a fresh model (NumPy) with the initial weights; ONE model
 computes every worker's gradient (its parameters are set to the worker's weights, and
@@ -24,6 +25,8 @@ MEAN gradient; ``mean_r g_r`` is ALGORITHM.md's ``G/(B*N)``; ``gbar = g/N``.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -178,6 +181,23 @@ class Simulation:
         ``finalize``)."""
         if self.stage == "delay":
             self.twin.finalize((self.t - self.T_w) % self.k)   # iterations of the period not yet communicated
+
+    def finalized_W(self):
+        """``W`` as ``finalize()`` would leave it now; the simulation itself is left as it is (a run
+        that calls this between steps computes bitwise what one that does not computes).
+
+        ``finalize()`` runs on a shallow copy: every update of this simulator and its twins binds new
+        arrays (``W = W + ...``) and never writes into one in place, so only the per-worker lists
+        need copies of their own."""
+        if self.stage != "delay":
+            return self.W
+        sim = copy.copy(self)
+        for name in ("L", "P", "V", "U", "S", "A"):
+            setattr(sim, name, list(getattr(self, name)))
+        sim.twin = copy.copy(self.twin)
+        sim.twin.sim = sim
+        sim.finalize()
+        return sim.W
 
 
 # --- the delay stage of each algorithm and period rule: the twins the registry names ----------------
@@ -405,6 +425,10 @@ class ASGDSimulation:
 
     def finalize(self):
         """Nothing is ever in flight between iterations."""
+
+    def finalized_W(self):
+        """``W``: ``finalize()`` changes nothing."""
+        return self.W
 
     def accuracy(self, weights, x, y, batch_size: int = 1000) -> tuple[float, float]:
         """As ``Simulation.accuracy`` (worker 0's BatchNorm statistics)."""

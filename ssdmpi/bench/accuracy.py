@@ -11,6 +11,12 @@ policy, so every variant of a row sees the same samples in the same order), then
 ``Simulation.finalize()`` (the end-of-training flush: what is in flight is applied to
 ``W``; ``delta-merge`` and ``delta-own`` fold the progress not yet posted in), then the accuracy of ``W`` on the whole
 test set. Model initialisation and data order use the seed, identical for every variant.
+At a high learning rate that one figure is a noisy sample: the test accuracy of ``W`` moves
+by points from one evaluation to the next. ``--tail E`` adds a steadier figure: the mean test
+accuracy over ``E`` evaluations spread evenly over the second half of training (iterations
+``steps/2 + i*(steps - steps/2)/E``, ``i = 1..E``, the last one the end), each of the model
+``finalize()`` would give at that iteration (``Simulation.finalized_W``), as ``acc_W_tail``
+and a second table.
 ``--lr`` and ``--seed`` take lists: one command runs the whole grid.
 
 Variants (``--variants``, comma separated; every algorithm's and period rule's named
@@ -69,8 +75,10 @@ DEFAULT_VARIANTS = ("ssgd", f"period/{registry.DEFAULT_RULE}", "period/delta-own
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
 SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "momentum", "weight_decay",
-            "train_subset", "seed")
-FIELDS = ("model", "N", "variant", "k") + SETTINGS + ("steps", "acc_W", "acc_W_noflush", "seconds")
+            "train_subset", "seed", "tail")
+FIELDS = ("model", "N", "variant", "k") + SETTINGS + ("steps", "acc_W", "acc_W_noflush", "acc_W_tail", "seconds")
+# Fields a results.csv written before they existed lacks, and what such a row means by them.
+ADDED_FIELDS = {"tail": "0", "acc_W_tail": ""}
 
 
 def add_arguments(parser) -> None:
@@ -97,6 +105,10 @@ def add_arguments(parser) -> None:
                         help="train on a fixed random subset of N training samples (default: all)")
     parser.add_argument("--seed", action=CommaList, default="0", metavar="S1,S2",
                         help="model-initialisation and data-order seeds (default %(default)s)")
+    parser.add_argument("--tail", type=int, default=0, metavar="E",
+                        help="also report the mean test accuracy of W over E evaluations spread over the second "
+                             "half of training, a steadier figure than the final one at a high lr (default "
+                             "%(default)s: off)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations run in parallel processes (default %(default)s)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write DIR/results.csv and DIR/results.md")
@@ -158,6 +170,8 @@ def parse(args) -> tuple[list[dict], dict]:
         raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.tail < 0:
+        raise UserError(f"--tail must be >= 0 (0: off), got {args.tail}")
     if args.train_subset is not None and args.train_subset < max(ranks) * args.batch_size:
         raise UserError(f"--train-subset {args.train_subset} is smaller than one global batch "
                         f"({max(ranks)} x {args.batch_size}); use more samples")
@@ -166,7 +180,8 @@ def parse(args) -> tuple[list[dict], dict]:
     if args.no_run and not args.resume:
         raise UserError("--no-run renders the rows a sweep already has: give it with --out DIR --resume")
     settings = dict(dataset=args.dataset, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
-                    momentum=args.momentum, weight_decay=args.weight_decay, train_subset=args.train_subset or 0)
+                    momentum=args.momentum, weight_decay=args.weight_decay, train_subset=args.train_subset or 0,
+                    tail=args.tail)
     configs = []
     # Model-major (the cheaper model first on the command line gets its whole table first), then
     # seed-major, variant-major inside a row, k = 5 first: an interrupted sweep has whole tables.
@@ -286,20 +301,38 @@ def _simulate_config(cfg: dict, data_path: str | None) -> dict:
     algo = variant_settings(cfg["variant"], cfg["k"])
     config = AlgoConfig(lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"],
                         warmup_steps=cfg["warmup_steps"], **algo)
+    at = set(tail_iterations(steps, cfg["tail"]))
+    tail = []
+
+    def evaluate(sim):
+        if sim.t in at and sim.t < steps:
+            tail.append(sim.accuracy(sim.finalized_W(), ds.test_x, ds.test_y)[0])
+
     start = time.perf_counter()
-    sim = simulate(config, factory, loaders, steps, world_size=n + algo.get("servers", 0))
+    sim = simulate(config, factory, loaders, steps, world_size=n + algo.get("servers", 0), callback=evaluate)
     acc_noflush, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
     sim.finalize()
     acc, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
+    if at:
+        tail.append(acc)                                  # the last evaluation is the end of training
     row = dict(cfg, steps=steps, acc_W=round(100 * acc, 2), acc_W_noflush=round(100 * acc_noflush, 2),
+               acc_W_tail=round(100 * sum(tail) / len(tail), 2) if tail else "",
                seconds=round(time.perf_counter() - start, 1))
     return {f: row[f] for f in FIELDS}
 
 
+def tail_iterations(steps: int, evals: int) -> list[int]:
+    """The ``evals`` iterations of ``--tail`` (after that many iterations), spread evenly over the second
+    half of ``steps``; the last is ``steps`` (the end of training). Fewer when the half is shorter."""
+    half = steps // 2
+    return sorted({half + (i * (steps - half)) // evals for i in range(1, evals + 1)} - {half}) if evals else []
+
+
 # --- the table -------------------------------------------------------------------------
 
-def table(rows: list[dict], models, lrs, ranks, variants, k: int, seeds: int = 1) -> str:
-    """Markdown for one ``k``: rows model x lr x N, a column per variant (``NO_DELAY`` ones at k = 0).
+def table(rows: list[dict], models, lrs, ranks, variants, k: int, seeds: int = 1, field: str = "acc_W") -> str:
+    """Markdown for one ``k``: rows model x lr x N, a column per variant (``NO_DELAY`` ones at k = 0),
+    of the rows' ``field`` (``acc_W``, or ``acc_W_tail``: rows without it count as not run).
 
     A cell over the seeds run: ``mean [mean difference to ssgd, paired by seed] (min..max)``;
     one seed: ``acc [difference]``; the bracket is left out where the row's ssgd did not run
@@ -307,8 +340,10 @@ def table(rows: list[dict], models, lrs, ranks, variants, k: int, seeds: int = 1
     the sweep's ``seeds`` than that says how many it has (``2 of 3 seeds``)."""
     acc = {}
     for r in rows:
+        if r.get(field, "") == "":
+            continue
         key = (r["model"], float(r["lr"]), int(r["N"]), r["variant"], int(r["k"]))
-        acc.setdefault(key, {})[int(r["seed"])] = float(r["acc_W"])
+        acc.setdefault(key, {})[int(r["seed"])] = float(r[field])
     head = ["model", "lr", "N"] + [v if v in NO_DELAY else f"{v} k={k}" for v in variants]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model in models:
@@ -372,9 +407,16 @@ def _prepare_out(out: str, resume: bool) -> list[dict]:
         return []
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
-        if reader.fieldnames is None or not set(FIELDS) <= set(reader.fieldnames):
+        if reader.fieldnames is None or not set(FIELDS) - set(ADDED_FIELDS) <= set(reader.fieldnames):
             raise UserError(f"--resume: {csv_path} is not a results.csv of 'bench accuracy'")
-        return list(reader)
+        rows = [{**ADDED_FIELDS, **row} for row in reader]
+    if list(reader.fieldnames) != list(FIELDS):      # written before a field was added: rewrite with every field
+        with open(csv_path + ".tmp", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(csv_path + ".tmp", csv_path)
+    return rows
 
 
 def _append_csv(out: str, row: dict) -> None:
@@ -424,10 +466,17 @@ def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pen
             if len(seeds) > 1 else "[difference to ssgd of the row, points]")
     text = [f"Final test accuracy (%) of W after finalize, {what}; reference simulator.", "", settings, ""]
     with_k = [v for v in variants if v not in NO_DELAY]
-    for k in (delays if with_k else delays[:1]):
-        cols = [v for v in variants if v in NO_DELAY or _runs_at(v, k)]
-        text += [f"### k = {k}" if with_k else "### every variant without k", "",
-                 table(rows, models, lrs, ranks, cols, k, len(seeds)), ""]
+    tables = [("acc_W", "")]
+    if args.tail:
+        tables.append(("acc_W_tail", f" (tail: mean over {args.tail} evaluations in the second half)"))
+        text[0:1] = [text[0], "", f"Tail tables: the mean test accuracy (%) of the model finalize would give at "
+                     f"{args.tail} iterations spread evenly over the second half of training, the last one "
+                     f"the end; {what}."]
+    for field, title in tables:
+        for k in (delays if with_k else delays[:1]):
+            cols = [v for v in variants if v in NO_DELAY or _runs_at(v, k)]
+            text += [(f"### k = {k}" if with_k else "### every variant without k") + title, "",
+                     table(rows, models, lrs, ranks, cols, k, len(seeds), field), ""]
     if pending:
         text += [f"({pending} configuration(s) not run yet: '—')", ""]
     return "\n".join(text)

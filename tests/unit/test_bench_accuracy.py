@@ -168,6 +168,71 @@ def test_numbers_are_the_reference_simulators(sweep):
     assert float(row["acc_W"]) == round(100 * acc, 2)
 
 
+def test_tail_iterations_spread_over_the_second_half_and_end_at_the_end():
+    assert accuracy.tail_iterations(10, 4) == [6, 7, 8, 10]
+    assert accuracy.tail_iterations(100, 5) == [60, 70, 80, 90, 100]
+    assert accuracy.tail_iterations(4, 5) == [3, 4]                  # fewer iterations than asked: each once
+    assert accuracy.tail_iterations(100, 0) == []
+
+
+def test_tail_is_the_mean_accuracy_of_runs_stopped_and_finalized_there(tmp_path):
+    """``--tail 3``: the mean over the 3 tail iterations of a simulation stopped there and finalized
+    (computed here from scratch), and a second table of it; the final figure is unchanged by it."""
+    from ssdmpi.algos import AlgoConfig
+    from ssdmpi.algos.reference import simulate
+    from ssdmpi.data import ShardedLoader, load_dataset
+    from ssdmpi.nn import build_model
+
+    out = tmp_path / "tail"
+    args = TINY[:-1] + ["ssgd,period/delta-merge", "--ranks", "2", "--delays", "3"]
+    proc = bench(args + ["--tail", "3", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["variant"]: r for r in read_csv(out / "results.csv")}
+    row = rows["period/delta-merge"]
+    steps = int(row["steps"])
+    ds = load_dataset("digits")
+    cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-merge", delay=3, warmup_steps=4, lr=0.05)
+    accs = []
+    for t in accuracy.tail_iterations(steps, 3):
+        loaders = [ShardedLoader(ds.train_x, ds.train_y, 8, r, 2, 0) for r in range(2)]
+        sim = simulate(cfg, lambda: build_model("mlp", ds.input_shape, ds.num_classes, seed=0, widths=(256,)),
+                       loaders, t)
+        sim.finalize()
+        accs.append(sim.accuracy(sim.W, ds.test_x, ds.test_y)[0])
+    assert len(accs) == 3 and (steps - 4) % 3 != 0                  # the end falls mid-period: finalize matters
+    assert float(row["acc_W_tail"]) == round(100 * sum(accs) / len(accs), 2)
+    assert float(row["acc_W"]) == round(100 * accs[-1], 2) and row["tail"] == "3"
+    plain = bench(args + ["--out", str(tmp_path / "plain")])
+    assert {r["variant"]: r["acc_W"] for r in read_csv(tmp_path / "plain" / "results.csv")} == \
+        {v: r["acc_W"] for v, r in rows.items()}
+    tail_table = proc.stdout.split("### k = 3 (tail: mean over 3 evaluations in the second half)")[1]
+    cells = next(line for line in tail_table.splitlines() if line.startswith("| mlp |")).strip("|").split("|")
+    ssgd, merge = float(rows["ssgd"]["acc_W_tail"]), float(row["acc_W_tail"])
+    assert [c.strip() for c in cells[3:]] == [f"{ssgd:.2f} [+0.00]", f"{merge:.2f} [{merge - ssgd:+.2f}]"]
+    assert "(tail:" not in plain.stdout
+
+
+def test_resume_reads_a_sweep_written_before_the_tail_fields(tmp_path):
+    """A results.csv without ``tail``/``acc_W_tail`` counts as ``--tail 0``: resumed, its rows are kept
+    (not run again) and the file is rewritten with every field."""
+    out = tmp_path / "old"
+    args = TINY[:-1] + ["ssgd,localsgd", "--ranks", "2", "--delays", "2"]
+    assert bench(args + ["--out", str(out)]).returncode == 0
+    rows = read_csv(out / "results.csv")
+    old = [f for f in accuracy.FIELDS if f not in ("tail", "acc_W_tail")]
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    again = bench(args + ["--out", str(out), "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert "resume: 2 configuration(s)" in again.stderr and "[1/" not in again.stderr
+    upgraded = read_csv(out / "results.csv")
+    assert list(upgraded[0]) == list(accuracy.FIELDS)
+    assert [(r["variant"], r["acc_W"], r["tail"], r["acc_W_tail"]) for r in upgraded] == \
+        [(r["variant"], r["acc_W"], "0", "") for r in rows]
+
+
 def test_two_jobs_give_the_same_numbers(sweep, tmp_path):
     out, _ = sweep
     proc = bench(TINY + ["--jobs", "2", "--out", str(tmp_path / "j2")])
@@ -253,6 +318,7 @@ def test_no_run_renders_the_rows_there_and_marks_cells_short_of_seeds(tmp_path):
     (["--epochs", "mlp=3"], "gives no epochs for lenet5"),
     (["--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
     (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--tail", "-1"], "--tail must be >= 0"),
     (["--train-subset", "10"], "smaller than one global batch"),
     (["--resume"], "--resume needs --out"),
 ])
@@ -278,7 +344,7 @@ def test_subset_larger_than_the_data_is_an_error():
 
 
 ASGD_CFG = dict(model="mlp", variant="asgd", k=0, dataset="digits", lr=0.05, batch_size=8, epochs=0.5,
-                warmup_steps=4, momentum=0.9, weight_decay=1e-4, train_subset=0, seed=0)
+                warmup_steps=4, momentum=0.9, weight_decay=1e-4, train_subset=0, seed=0, tail=0)
 
 
 def test_asgd_variant_is_the_reference_asgd_with_one_server_in_round_robin_order():

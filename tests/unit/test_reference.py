@@ -284,3 +284,37 @@ def test_delta_merge_merges_d_iterations_after_each_post_and_keeps_the_mean(k, d
     sim.finalize()
     np.testing.assert_allclose(sim.W, sum(sim.L) / N, rtol=1e-12, atol=1e-13)
     assert sim.pending is None
+
+
+@pytest.mark.parametrize("settings", [
+    dict(algo="ssgd"),
+    dict(algo="ssd", comm="step", local_update="global-momentum"),
+    dict(algo="ssd", comm="step", local_update="glu-paper"),
+    dict(algo="ssd", comm="period", period_rule="replay", local_update="global-momentum"),
+    dict(algo="ssd", comm="period", period_rule="delta-own"),
+    dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1),
+    dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2),
+    dict(algo="localsgd"),
+    dict(algo="asgd", servers=1, asgd_order="round-robin"),
+])
+def test_finalized_W_is_what_finalize_gives_there_and_changes_nothing(settings):
+    """At every iteration (warm-up, each place in a period), ``finalized_W()`` is the ``W`` of a second
+    simulation stopped there and finalized; asking for it all along leaves the run bitwise as without."""
+    x, y = data()
+    N, T_w, k, steps = 3, 2, 3, 13
+    world = N + settings.get("servers", 0)
+    takes_k = settings["algo"] in ("ssd", "localsgd")
+    cfg = AlgoConfig(warmup_steps=T_w, lr=0.05, **settings, **(dict(delay=k) if takes_k else {}))
+    asked = []
+    watched = simulate(cfg, factory, worker_batches(x, y, N), steps, world_size=world,
+                       callback=lambda sim: asked.append(np.array(sim.finalized_W(), copy=True)) and False)
+    plain = simulate(cfg, factory, worker_batches(x, y, N), steps, world_size=world)
+    for name in ("W", "M", "s", "t", "pending"):
+        a, b = getattr(watched, name, None), getattr(plain, name, None)
+        assert (a is None and b is None) or np.array_equal(a, b), name
+    assert (watched.L is plain.L is None) or all(np.array_equal(a, b) for a, b in zip(watched.L, plain.L))
+    for t in range(1, steps + 1):
+        stopped = simulate(cfg, factory, worker_batches(x, y, N), t, world_size=world)
+        stopped.finalize()
+        assert np.array_equal(asked[t - 1], stopped.W), t
+    assert not np.array_equal(asked[T_w + 1], asked[T_w + 2])      # the weights move: the check can fail
