@@ -376,17 +376,17 @@ def _cell(runs: dict, ref: dict, seeds: int = 1) -> str:
 
 
 def with_diffs(rows: list[dict]) -> list[dict]:
-    """Each row plus ``diff_vs_ssgd`` (points, against the ssgd of the same model, lr, N and seed;
-    '' when that did not run)."""
+    """Each row plus ``diff_vs_ssgd`` and ``diff_tail_vs_ssgd`` (points: ``acc_W`` and ``acc_W_tail``
+    against the ssgd of the same model, lr, N and seed; '' when that did not run or has no such figure)."""
     def key(r):
         return (r["model"], float(r.get("lr", 0)), int(r["N"]), int(r.get("seed", 0)))
 
-    ref = {key(r): float(r["acc_W"]) for r in rows if r["variant"] == BASELINE}
-    out = []
-    for r in rows:
-        base = ref.get(key(r))
-        out.append(dict(r, diff_vs_ssgd="" if base is None else round(float(r["acc_W"]) - base, 2)))
-    return out
+    def diff(r, field):
+        base = ref.get(key(r), {}).get(field, "")
+        return "" if base == "" or r.get(field, "") == "" else round(float(r[field]) - float(base), 2)
+
+    ref = {key(r): r for r in rows if r["variant"] == BASELINE}
+    return [dict(r, diff_vs_ssgd=diff(r, "acc_W"), diff_tail_vs_ssgd=diff(r, "acc_W_tail")) for r in rows]
 
 
 # --- the sweep -------------------------------------------------------------------------
@@ -409,7 +409,7 @@ def _prepare_out(out: str, resume: bool) -> list[dict]:
         reader = csv.DictReader(f)
         if reader.fieldnames is None or not set(FIELDS) - set(ADDED_FIELDS) <= set(reader.fieldnames):
             raise UserError(f"--resume: {csv_path} is not a results.csv of 'bench accuracy'")
-        rows = [{**ADDED_FIELDS, **row} for row in reader]
+        rows = [{f: row[f] if f in row else ADDED_FIELDS[f] for f in FIELDS} for row in reader]
     if list(reader.fieldnames) != list(FIELDS):      # written before a field was added: rewrite with every field
         with open(csv_path + ".tmp", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
@@ -439,7 +439,8 @@ def _write_new(out: str, name: str, text: str) -> None:
 
 def _write_results(out: str, report: str, rows: list[dict]) -> None:
     """``results.md`` (the table) and ``result.json`` (``ssdmpi/bench/result.py``: the command line,
-    the machine and ``rows``, one object per configuration with the ``FIELDS`` and ``diff_vs_ssgd``)."""
+    the machine and ``rows``, one object per configuration with the ``FIELDS`` and the differences of
+    ``with_diffs``)."""
     _write_new(out, "results.md", report)
     typed = [{key: _typed(value) for key, value in row.items()} for row in rows]
     _write_new(out, "result.json", result_file.dumps({**result_file.provenance("accuracy"), "rows": typed}))
@@ -464,14 +465,14 @@ def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pen
                 f"train subset {args.train_subset or 'all'}, seeds {', '.join(map(str, seeds))}")
     what = ("mean over the seeds [difference to ssgd of the row, paired by seed, mean] (min..max over the seeds)"
             if len(seeds) > 1 else "[difference to ssgd of the row, points]")
-    text = [f"Final test accuracy (%) of W after finalize, {what}; reference simulator.", "", settings, ""]
-    with_k = [v for v in variants if v not in NO_DELAY]
+    text = [f"Final test accuracy (%) of W after finalize, {what}; reference simulator.", ""]
     tables = [("acc_W", "")]
     if args.tail:
+        text += [f"Tail tables: the mean test accuracy (%) of the model finalize would give at {args.tail} "
+                 f"iterations spread evenly over the second half of training, the last one the end; {what}.", ""]
         tables.append(("acc_W_tail", f" (tail: mean over {args.tail} evaluations in the second half)"))
-        text[0:1] = [text[0], "", f"Tail tables: the mean test accuracy (%) of the model finalize would give at "
-                     f"{args.tail} iterations spread evenly over the second half of training, the last one "
-                     f"the end; {what}."]
+    text += [settings, ""]
+    with_k = [v for v in variants if v not in NO_DELAY]
     for field, title in tables:
         for k in (delays if with_k else delays[:1]):
             cols = [v for v in variants if v in NO_DELAY or _runs_at(v, k)]

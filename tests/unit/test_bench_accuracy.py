@@ -146,6 +146,9 @@ def test_with_diffs_gives_zero_for_ssgd_and_blank_without_a_reference():
             dict(model="mlp", lr=0.2, N=2, variant="localsgd", k=5, seed=0, acc_W=70.0)]
     diffs = [r["diff_vs_ssgd"] for r in accuracy.with_diffs(rows)]
     assert diffs == [0.0, 1.5, "", "", ""]
+    rows[0]["acc_W_tail"], rows[1]["acc_W_tail"], rows[3]["acc_W_tail"] = "78.25", "77.0", "70.0"
+    tails = [r["diff_tail_vs_ssgd"] for r in accuracy.with_diffs(rows)]
+    assert tails == [0.0, -1.25, "", "", ""]                        # seed 1 has no ssgd row to compare with
 
 
 def test_numbers_are_the_reference_simulators(sweep):
