@@ -54,7 +54,8 @@ seconds shown in ms; a column with a format is right-aligned; blank where a row 
 list, one value per run, is shown comma-separated). A claim's value is one such row's ``field``
 (exactly one row must match), or ``"agg": "min" | "max" | "maxabs"`` (the largest absolute
 value) ``| "mean"`` (e.g. over the seeds of one configuration) over every matching row and
-every value of a list, or ``{"ratio": [A, B]}`` / ``{"difference": [A, B]}`` of two values;
+every value of a list, or ``{"ratio": [A, B]}`` / ``{"difference": [A, B]}`` of two values, or
+``{"mean of": [A, B, ...]}`` of several (e.g. one value per seed, each from its own result);
 the claim is met when every value passes ``test`` (``>=``, ``<=``, ``>``, ``<``). The summary
 shows every value with its label, or with ``"show": "worst"`` only the one nearest to failing
 the test (or failing it most) and how many there are.
@@ -151,6 +152,11 @@ def claim_value(entry: Entry, spec: dict) -> float:
     if "ratio" in spec or "difference" in spec:
         a, b = (claim_value(entry, s) for s in spec.get("ratio") or spec["difference"])
         return a / b if "ratio" in spec else a - b
+    if "mean of" in spec:
+        values = [claim_value(entry, s) for s in spec["mean of"]]
+        if not values:
+            raise UserError(f"{entry.where()}: \"mean of\" needs at least one value")
+        return sum(values) / len(values)
     rows = select_rows(entry, spec)
     values = []
     for row in rows:        # a list of numbers in one cell (one per run) counts as that many values
@@ -320,8 +326,8 @@ def _used_results(values: list) -> list:
     """The result labels a claim's values read, in order of first use."""
     out = []
     for spec in values:
-        for inner in (spec.get("ratio") or spec.get("difference") or [spec]):
-            out += _used_results([inner]) if ("ratio" in inner or "difference" in inner) else [inner["result"]]
+        parts = spec.get("ratio") or spec.get("difference") or spec.get("mean of")
+        out += _used_results(parts) if parts is not None else [spec["result"]]
     return list(dict.fromkeys(out))
 
 

@@ -123,6 +123,11 @@ def test_ratio_difference_and_aggregates(tmp_path):
     assert report.claim_value(entry, dict(every, agg="max")) == 2.0
     assert report.claim_value(entry, dict(every, agg="maxabs")) == 3.0
     assert report.claim_value(entry, dict(every, agg="mean")) == pytest.approx((1.0 + 2.0 + 0.5 - 3.0) / 4)
+    assert report.claim_value(entry, {"mean of": [ssd, ssgd, {"ratio": [ssd, ssgd]}]}) == \
+        pytest.approx((0.2 + 0.5 + 0.2 / 0.5) / 3)
+    assert report._used_results([{"mean of": [ssd, {"difference": [{"result": "B"}, ssgd]}]}]) == ["A", "B"]
+    with pytest.raises(UserError, match='"mean of" needs at least one value'):
+        report.claim_value(entry, {"mean of": []})
     with pytest.raises(UserError, match="matches 2 rows"):
         report.claim_value(entry, {"result": "A", "field": "speedup"})
     with pytest.raises(UserError, match="expected numbers"):
