@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import os
 import sys
 import time
@@ -63,6 +64,7 @@ from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import CommaList
 from ssdmpi.errors import UserError
+from ssdmpi.metrics import atomic_write
 from ssdmpi.parsing import parse_list
 
 MODELS = ("mlp", "lenet5")
@@ -411,11 +413,11 @@ def _prepare_out(out: str, resume: bool) -> list[dict]:
             raise UserError(f"--resume: {csv_path} is not a results.csv of 'bench accuracy'")
         rows = [{f: row[f] if f in row else ADDED_FIELDS[f] for f in FIELDS} for row in reader]
     if list(reader.fieldnames) != list(FIELDS):      # written before a field was added: rewrite with every field
-        with open(csv_path + ".tmp", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(csv_path + ".tmp", csv_path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write(csv_path, text.getvalue())
     return rows
 
 
@@ -429,21 +431,14 @@ def _append_csv(out: str, row: dict) -> None:
         writer.writerow({f: row[f] for f in FIELDS})
 
 
-def _write_new(out: str, name: str, text: str) -> None:
-    """Write ``out/name`` through a temporary file, so a reader never sees half of it."""
-    path = os.path.join(out, name)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def _write_results(out: str, report: str, rows: list[dict]) -> None:
     """``results.md`` (the table) and ``result.json`` (``ssdmpi/bench/result.py``: the command line,
     the machine and ``rows``, one object per configuration with the ``FIELDS`` and the differences of
     ``with_diffs``)."""
-    _write_new(out, "results.md", report)
+    atomic_write(os.path.join(out, "results.md"), report)
     typed = [{key: _typed(value) for key, value in row.items()} for row in rows]
-    _write_new(out, "result.json", result_file.dumps({**result_file.provenance("accuracy"), "rows": typed}))
+    atomic_write(os.path.join(out, "result.json"),
+                 result_file.dumps({**result_file.provenance("accuracy"), "rows": typed}))
 
 
 def _typed(value):

@@ -83,6 +83,7 @@ from ssdmpi.bench.launch import (
 from ssdmpi.bench.model.alphabeta import PATTERNS, predict_step
 from ssdmpi.bench.stats import median
 from ssdmpi.errors import UserError
+from ssdmpi.metrics import atomic_write
 from ssdmpi.parsing import parse_list
 from ssdmpi.phases import BREAKDOWN
 
@@ -547,13 +548,6 @@ def result_json(rows, settings: str, benchmark: str = "train", tables=(COLUMNS, 
                               "rows": [{k: row.get(k) for k in keys} for row in rows]})
 
 
-def _write_new(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------- command
 
 def _delays(text: str) -> list:
@@ -677,9 +671,9 @@ def run(args) -> int:
     rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
     md, text_csv = markdown_table(rows), csv_table(rows)
     md += "\n" + breakdown_table(rows, bound_note(rows))
-    _write_new(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
-    _write_new(out / "results.csv", text_csv)
-    _write_new(out / "result.json", result_json(rows, settings_line(args), **earlier))
+    atomic_write(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
+    atomic_write(out / "results.csv", text_csv)
+    atomic_write(out / "result.json", result_json(rows, settings_line(args), **earlier))
     write_figures(args, results)
     print(md, end="")
     print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "
