@@ -271,8 +271,21 @@ class Peer:
         if self.rank == 0:
             self._write_summary(train_s, last_eval)
             log.close()
-        self.dist.destroy_process_group()
+        self._close()
         return 0
+
+    def _close(self) -> None:
+        """Release every gloo group on every rank before any rank exits. The DDP hook's state, the
+        averager and the optimizer hold groups (post-local SGD's subgroup too) whose threads abort
+        their process ("terminate called without an active exception") when they outlive the group's
+        peers, e.g. once rank 0, the store's host, has exited; so drop them, destroy the groups, and
+        leave only when every rank has."""
+        import gc
+
+        self.ddp = self.opt = self.averager = None
+        gc.collect()
+        self.dist.destroy_process_group()
+        world.agree(lambda: None)          # a barrier: every rank has released its groups
 
     def step(self, t: int) -> tuple:
         """Iteration ``t`` on this rank's next batch: ``(loss, data_s, fb_s, update_s, blocked_s)``."""
