@@ -19,9 +19,9 @@ Contract:
   period amortises it too); when none is, the longest stable ``k`` below the amortising one with
   the smallest ``d`` (``lo``, or the given ``d``), and when there is none either, the amortising
   ``k`` with that ``d``. Pure.
-- ``stable_region(mu, rule)``: the predicate ``stable(k, d)`` the trainer uses: the rule's (one with a
-  merge delay, ``RuleSpec.auto_chooses``) pair's largest
-  stable ``eta*h`` in the linear model (``ssdmpi/algos/stability.py``, scanned in steps of
+- ``stable_region(mu, rule, merge_momentum)``: the predicate ``stable(k, d)`` the trainer uses: the rule's
+  (one with a merge delay, ``RuleSpec.auto_chooses``) pair's largest stable ``eta*h`` in the linear model
+  (``ssdmpi/algos/stability.py``, with the run's ``--merge-momentum``, scanned in steps of
   ``AUTO_SCAN_STEP``) is at least ``AUTO_STABILITY`` times momentum SGD's own, ``2 (1 + mu)``.
 - ``probe_cpu(comm, buf, repeats)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
   of ``buf`` started with ``allreduce_start`` and polled every millisecond with ``test()``
@@ -125,22 +125,22 @@ def choose_period(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], 
 
 
 @functools.cache
-def _stable(k: int, d: int, mu: float, rule: str) -> bool:
+def _stable(k: int, d: int, mu: float, rule: str, merge_momentum: float) -> bool:
     from ssdmpi.algos import stability  # NumPy: late (ssdmpi/config.py imports this module for the CLI)
 
     bound = AUTO_STABILITY * 2 * (1 + mu)
     x = stability.grid(stability.X_MIN, bound, AUTO_SCAN_STEP)
     x = x if x[-1] >= bound else list(x) + [bound]
-    return bool((stability.spectral_radius(stability.period_map(rule, x, k, d, mu=mu))
-                 <= 1 + stability.TOL).all())
+    T = stability.period_map(rule, x, k, d, mu=mu, merge_momentum=merge_momentum)
+    return bool((stability.spectral_radius(T) <= 1 + stability.TOL).all())
 
 
-def stable_region(mu: float, rule: str):
+def stable_region(mu: float, rule: str, merge_momentum: float = 0.0):
     """``stable(k, d)`` of ``--delay auto`` at momentum ``mu``: ``rule`` (a period rule with a merge delay;
-    its linear map in ``ssdmpi/algos/stability.py``) at ``(k, d)`` is stable in the
-    linear model for every ``eta*h`` up to ``AUTO_STABILITY * 2 (1 + mu)`` (scanned from
-    ``stability.X_MIN`` in steps of ``AUTO_SCAN_STEP``, and at the bound itself)."""
-    return lambda k, d: _stable(int(k), int(d), float(mu), rule)
+    its linear map in ``ssdmpi/algos/stability.py``, with momentum merge ``merge_momentum``) at ``(k, d)``
+    is stable in the linear model for every ``eta*h`` up to ``AUTO_STABILITY * 2 (1 + mu)`` (scanned
+    from ``stability.X_MIN`` in steps of ``AUTO_SCAN_STEP``, and at the bound itself)."""
+    return lambda k, d: _stable(int(k), int(d), float(mu), rule, float(merge_momentum))
 
 
 def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS) -> float:
@@ -215,14 +215,14 @@ class DelayChoice:
 class DelayMeter:
     """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s, update_s)``;
     ``hi``: the largest ``k`` to choose (``--delay-max``); ``mu``: the momentum (the stable region's);
-    ``d``: a fixed merge delay (``--merge-delay``), or None to choose it; ``rule``: the period rule
-    (``stable_region``)."""
+    ``d``: a fixed merge delay (``--merge-delay``), or None to choose it; ``rule``: the period rule and
+    ``merge_momentum`` its momentum merge (``stable_region``)."""
 
     def __init__(self, window: int = WINDOW, hi: int = DELAY_RANGE[1], mu: float = 0.9, d: int | None = None, *,
-                 rule: str):
+                 rule: str, merge_momentum: float = 0.0):
         self.window = int(window)
         self.hi = int(hi)
-        self.mu, self.d, self.rule = float(mu), d, rule
+        self.mu, self.d, self.rule, self.merge_momentum = float(mu), d, rule, float(merge_momentum)
         self.samples: list = []
 
     def add(self, compute_s: float, allreduce_s: float, update_s: float = 0.0) -> None:
@@ -239,7 +239,7 @@ class DelayMeter:
             fraction = min(1.0, c / T) if c > 0 else 1.0      # the same on every rank: agreed inputs
             cpu = comm.allreduce_scalars({"cpu": probe(fraction)}, op="max")["cpu"]
             agreed = dict(agreed, cpu=cpu / fraction)
-        return decide(agreed, step, self.hi, self.mu, self.d, rule=self.rule)
+        return decide(agreed, step, self.hi, self.mu, self.d, rule=self.rule, merge_momentum=self.merge_momentum)
 
     def summary(self) -> dict:
         """This rank's side of the agreement: its medians, and ``-n`` (so the max is the fewest samples)."""
@@ -267,16 +267,17 @@ class DelayMeter:
 
 
 def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1], mu: float = 0.9, d: int | None = None, *,
-           rule: str) -> DelayChoice:
+           rule: str, merge_momentum: float = 0.0) -> DelayChoice:
     """The choice in ``[DELAY_RANGE[0], hi]`` from ``DelayMeter.summary()`` reduced with ``max``
     over ranks, plus the probed ``cpu`` when there is one (the same on every rank); ``mu`` the
-    momentum, ``d`` a fixed merge delay (None: chosen), ``rule`` the period rule (``stable_region``)."""
+    momentum, ``d`` a fixed merge delay (None: chosen), ``rule`` the period rule and ``merge_momentum``
+    its momentum merge (``stable_region``)."""
     c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
     cpu, u = max(0.0, float(agreed.get("cpu", 0.0))), max(0.0, float(agreed.get("u", 0.0)))
     lo = DELAY_RANGE[0]
     d = None if d is None else min(max(int(d), lo), hi)
     # A clock too coarse to see the compute (c = 0): nothing hides the allreduce in any d; as if a
     # step took one nanosecond.
-    k, d = choose_period(max(c, 1e-9), T, cpu + u, lo, hi, stable_region(mu, rule), d)
+    k, d = choose_period(max(c, 1e-9), T, cpu + u, lo, hi, stable_region(mu, rule, merge_momentum), d)
     return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u,
                        hi=hi, d=d)

@@ -55,7 +55,9 @@ class Algorithm:
         self.delay_choice = None          # --delay auto: the DelayChoice, once made
         self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
         self._meter = auto_delay.DelayMeter(hi=config.delay_max, mu=config.momentum, d=self.d,
-                                            rule=config.period_rule) if self.auto else None
+                                            rule=config.period_rule,
+                                            merge_momentum=getattr(config, "merge_momentum", None) or 0.0) \
+            if self.auto else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()

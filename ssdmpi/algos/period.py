@@ -44,7 +44,8 @@ class PeriodState:
     has one), warm-up length ``T_w``; ``momentum`` and ``weight_decay``; ``schedule`` the global lr
     ``eta_g``; ``global_sgd`` the global ``MomentumSGD``; ``local`` the ``--local-update`` (None for a
     rule without one) and ``local_lr(t)`` its lr; ``comm`` the Communicator (``allreduce_start``,
-    ``allreduce_mean``); ``poll`` the progress hook of the fused passes (or None).
+    ``allreduce_mean``); ``poll`` the progress hook of the fused passes (or None); ``merge_momentum`` the
+    rule's ``--merge-momentum`` (0 for a rule without one).
     """
 
     xp: object
@@ -65,6 +66,7 @@ class PeriodState:
     local_lr: object
     comm: object
     poll: object = None
+    merge_momentum: float = 0.0
 
 
 class PeriodRule:

@@ -300,15 +300,19 @@ class DeltaOwnTwin(StepTwin):
 
 class DeltaMergeTwin(DeltaOwnTwin):
     """docs/PERIOD_RULE.md 3, ``delta-merge``: the local step of delta-own; the sum posted at a period's
-    end is merged d iterations later: ``W <- W + mean D``, ``L <- W + (L - S)``, ``S <- W`` (before the
-    post when both fall on one iteration, d = k); at a period's end ``D = L - S`` is posted, ``S <- L``.
-    The end of training as delta-own."""
+    end is merged d iterations later: ``W <- W + mean D``, with ``a = --merge-momentum`` > 0 also
+    ``U <- (1 - a) U + (a/k) mean D``, then ``L <- W + (L - S)``, ``S <- W`` (before the post when both
+    fall on one iteration, d = k); at a period's end ``D = L - S`` is posted, ``S <- L``. The end of
+    training as delta-own."""
 
     def step(self, grads, m):
         sim = self.sim
-        k, d = sim.k, sim.cfg.merge_delay
+        k, d, a = sim.k, sim.cfg.merge_delay, sim.cfg.merge_momentum
         self.local_step(grads)
         if (m + 1 - d) % k == 0 and m + 1 - d >= k:
+            if a:
+                mean_step = sim.pending * (a / k)
+                sim.U = [U * (1.0 - a) + mean_step for U in sim.U]
             self.apply_pending()
             sim.L = [sim.W + (sim.L[r] - sim.S[r]) for r in range(sim.N)]
             sim.S = [sim.W.copy() for _ in range(sim.N)]

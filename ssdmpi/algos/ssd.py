@@ -127,7 +127,8 @@ class SSDPeriod(_SSDBase):
         state = PeriodState(xp=self.xp, W=self.W, M=self.M, L=self.L, mask=self.mask, counts=self.counts, N=self.N,
                             k=self.k, d=self.d, T_w=self.T_w, momentum=c.momentum, weight_decay=c.weight_decay,
                             schedule=self.schedule, global_sgd=self.global_sgd, local=self.local,
-                            local_lr=self.local_lr_at, comm=self.comm, poll=self.poll)
+                            local_lr=self.local_lr_at, comm=self.comm, poll=self.poll,
+                            merge_momentum=getattr(c, "merge_momentum", None) or 0.0)
         self.rule = self.rule_spec.implementation(state)
         self.rule.begin()
 

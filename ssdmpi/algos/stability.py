@@ -20,7 +20,8 @@ Rules (``rule`` of ``period_map`` and ``threshold``):
     localsgd    blocking local SGD: local momentum steps, every k steps W <- mean L, L <- W
     delta-own   the sum posted at a period's end merged at the next period's end (docs/PERIOD_RULE.md)
     delta-merge the sum posted at a period's end merged d steps later (docs/PERIOD_RULE.md);
-                with d = k the same map as delta-own
+                with d = k and no momentum merge the same map as delta-own; ``merge_momentum``
+                ``a``: at the merge every rank's ``U <- (1 - a) U + (a/k) P`` (--merge-momentum)
     damp        delta-own restarting from W + a*D instead of W + D (the own displacement
                 still in flight damped by a; the posted D stays whole)
     replay      gradient replay with the global-momentum local update (the ablation rule)
@@ -100,37 +101,38 @@ def _post(s: LinearState, x) -> np.ndarray:
     return _chain(send, s.assign(x, {f"S{r}": {f"L{r}": 1.0} for r in range(N)}))
 
 
-def _merge(s: LinearState, x) -> np.ndarray:
-    """The merge of the sum in flight: ``W <- W + P``; ``L <- W + (L - S)``; ``S <- W``."""
+def _merge(s: LinearState, x, k: int = 1, a: float = 0.0) -> np.ndarray:
+    """The merge of the sum in flight: ``W <- W + P``; ``U <- (1 - a) U + (a/k) P``; ``L <- W + (L - S)``;
+    ``S <- W``."""
     N = s.N
-    w = s.assign(x, {"W": {"W": 1.0, "P": 1.0}})
+    w = s.assign(x, {"W": {"W": 1.0, "P": 1.0}, **{f"U{r}": {f"U{r}": 1.0 - a, "P": a / k} for r in range(N)}})
     lo = s.assign(x, {f"L{r}": {"W": 1.0, f"L{r}": 1.0, f"S{r}": -1.0} for r in range(N)})
     return _chain(w, lo, s.assign(x, {f"S{r}": {"W": 1.0} for r in range(N)}))
 
 
-def _ssgd(x, k, d, N, mu, damping):
+def _ssgd(x, k, d, N, mu, damping, a):
     s = LinearState(1, shared=("W", "M"), per_rank=())
     step = _chain(s.assign(x, {"M": {"M": mu, "W": -x}}), s.assign(x, {"W": {"W": 1.0, "M": 1.0}}))
     return _power(step, k)
 
 
-def _localsgd(x, k, d, N, mu, damping):
+def _localsgd(x, k, d, N, mu, damping, a):
     s = LinearState(N, shared=("W",), per_rank=("L", "U"))
     average = _chain(s.assign(x, {"W": {f"L{r}": 1.0 / N for r in range(N)}}),
                      s.assign(x, {f"L{r}": {"W": 1.0} for r in range(N)}))
     return _chain(_power(_local_steps(s, x, mu), k), average)
 
 
-def _delta(x, k, d, N, mu, damping):
-    """delta-merge at ``(k, d)``; delta-own is ``d = k``."""
+def _delta(x, k, d, N, mu, damping, a):
+    """delta-merge at ``(k, d)`` with merge momentum ``a``; delta-own is ``d = k``, ``a = 0``."""
     if d is None or not 1 <= d <= k:
         raise ValueError(f"merge delay d must be in 1..k={k}, got {d!r}")
     s = LinearState(N)
     step = _local_steps(s, x, mu)
-    return _chain(_power(step, d), _merge(s, x), _power(step, k - d), _post(s, x))
+    return _chain(_power(step, d), _merge(s, x, k, a), _power(step, k - d), _post(s, x))
 
 
-def _damp(x, k, d, N, mu, damping):
+def _damp(x, k, d, N, mu, damping, a):
     # delta-own's order at a period end: W <- W + P; D = L - S; L <- W + a*D; post D; S <- L.
     s = LinearState(N, per_rank=("L", "U", "S", "D"))
     w = s.assign(x, {"W": {"W": 1.0, "P": 1.0}})
@@ -141,7 +143,7 @@ def _damp(x, k, d, N, mu, damping):
     return _chain(_power(_local_steps(s, x, mu), k), w, disp, restart, send, start)
 
 
-def _replay(x, k, d, N, mu, damping):
+def _replay(x, k, d, N, mu, damping, a):
     # Local update global-momentum: L <- L + mu*M - eta*g; A accumulates eta*g. At a period end:
     # k global steps M <- mu*M - P/k, W <- W + M with the previous period's mean P; post A; L <- W.
     s = LinearState(N, shared=("W", "M", "P"), per_rank=("L", "A"))
@@ -155,32 +157,37 @@ def _replay(x, k, d, N, mu, damping):
 
 @dataclass(frozen=True)
 class LinearRule:
-    """A rule of the model: ``build(x, k, d, N, mu, damping)`` its period's map; ``period``: it has a
-    ``k`` (``ssgd``: none, one step); ``merge_delay``: ``"own"`` (a ``d`` of its own, ``1..k``), ``"k"``
-    (merged at the next period's end: ``d = k``) or None; ``damping``: it takes a factor ``a``."""
+    """A rule of the model: ``build(x, k, d, N, mu, damping, merge_momentum)`` its period's map; ``period``:
+    it has a ``k`` (``ssgd``: none, one step); ``merge_delay``: ``"own"`` (a ``d`` of its own, ``1..k``),
+    ``"k"`` (merged at the next period's end: ``d = k``) or None; ``damping``: it takes a factor ``a``;
+    ``merge_momentum``: it takes a momentum merge ``a``."""
 
     build: Callable
     period: bool = True
     merge_delay: str | None = None
     damping: bool = False
+    merge_momentum: bool = False
 
 
 RULES = {
     "ssgd": LinearRule(_ssgd, period=False),
     "localsgd": LinearRule(_localsgd),
-    "delta-own": LinearRule(lambda x, k, d, N, mu, a: _delta(x, k, k, N, mu, a), merge_delay="k"),
-    "delta-merge": LinearRule(_delta, merge_delay="own"),
+    "delta-own": LinearRule(lambda x, k, d, N, mu, damping, a: _delta(x, k, k, N, mu, damping, 0.0), merge_delay="k"),
+    "delta-merge": LinearRule(_delta, merge_delay="own", merge_momentum=True),
     "damp": LinearRule(_damp, damping=True),
     "replay": LinearRule(_replay),
 }
 
 
 def period_map(rule: str, x: np.ndarray, k: int, d: int | None = None, N: int = 2, mu: float = 0.9,
-               damping: float = 0.5) -> np.ndarray:
-    """The transition matrix ``T(x)`` (``(len(x), n, n)``) of one period of ``rule`` (see the module)."""
+               damping: float = 0.5, merge_momentum: float = 0.0) -> np.ndarray:
+    """The transition matrix ``T(x)`` (``(len(x), n, n)``) of one period of ``rule`` (see the module;
+    ``merge_momentum`` only for a rule that takes it)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}")
-    return RULES[rule].build(np.asarray(x, dtype=np.float64), k, d, N, mu, damping)
+    if merge_momentum and not RULES[rule].merge_momentum:
+        raise ValueError(f"rule {rule!r} has no momentum merge")
+    return RULES[rule].build(np.asarray(x, dtype=np.float64), k, d, N, mu, damping, merge_momentum)
 
 
 def spectral_radius(T: np.ndarray) -> np.ndarray:
@@ -189,11 +196,11 @@ def spectral_radius(T: np.ndarray) -> np.ndarray:
 
 
 def threshold(rule: str, k: int, d: int | None = None, N: int = 2, mu: float = 0.9, damping: float = 0.5,
-              x: np.ndarray | None = None) -> float:
+              x: np.ndarray | None = None, merge_momentum: float = 0.0) -> float:
     """The largest stable ``eta*h`` of ``rule`` at ``(k, d)``: the last grid point of ``x`` (default
     ``grid()``) before the first unstable one; ``x[-1]`` when none is, 0 when ``x[0]`` is not."""
     x = grid() if x is None else np.asarray(x, dtype=np.float64)
-    stable = spectral_radius(period_map(rule, x, k, d, N, mu, damping)) <= 1.0 + TOL
+    stable = spectral_radius(period_map(rule, x, k, d, N, mu, damping, merge_momentum)) <= 1.0 + TOL
     if stable.all():
         return float(x[-1])
     first = int(np.argmin(stable))

@@ -2,10 +2,11 @@
 
 The map and the scan are ``ssdmpi/algos/stability.py`` (its docstring states the model and
 the rules). Each rule runs at every ``k`` of ``--delays`` and, for ``delta-merge``, every
-merge delay ``d <= k`` of ``--merge-delays`` (``damp``: every factor of ``--damping``).
+merge delay ``d <= k`` of ``--merge-delays`` with every momentum merge of ``--merge-momentum``
+(``damp``: every factor of ``--damping``).
 
-Output: a Markdown table, one row per (rule, d or a), one column per ``k``; each cell the
-threshold. ``--json FILE`` writes every threshold with the scan's range and step.
+Output: a Markdown table, one row per (rule, d, momentum merge or a), one column per ``k``; each
+cell the threshold. ``--json FILE`` writes every threshold with the scan's range and step.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def add_arguments(parser) -> None:
                         help="periods k (default %(default)s)")
     parser.add_argument("--merge-delays", action=CommaList, default="1,2,3,5", metavar="D1,D2",
                         help="merge delays d of the rule delta-merge, each at every k >= d (default %(default)s)")
+    parser.add_argument("--merge-momentum", action=CommaList, default="0,1", metavar="A1,A2",
+                        help="momentum merges a of the rule delta-merge (--merge-momentum; default %(default)s)")
     parser.add_argument("--damping", action=CommaList, default="0.5", metavar="A1,A2",
                         help="own-displacement factors a of the rule damp (default %(default)s)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks N (default %(default)s)")
@@ -37,8 +40,8 @@ def add_arguments(parser) -> None:
     add_json(parser, "every threshold")
 
 
-def rows(rules, periods, delays, dampings, N: int, mu: float) -> list[dict]:
-    """One dict per (rule, k, d, a) with its ``threshold``."""
+def rows(rules, periods, delays, dampings, N: int, mu: float, merges=(0.0,)) -> list[dict]:
+    """One dict per (rule, k, d, a, momentum merge) with its ``threshold``."""
     from ssdmpi.algos.stability import RULES, threshold  # NumPy: not at import (``ssdmpi --help`` stays fast)
 
     out = []
@@ -46,17 +49,20 @@ def rows(rules, periods, delays, dampings, N: int, mu: float) -> list[dict]:
         spec = RULES[rule]
         for k in (periods if spec.period else [1]):
             if spec.merge_delay == "own":
-                params = [(d, None) for d in delays if d <= k]
+                params = [(d, None, m if spec.merge_momentum else None) for d in delays if d <= k
+                          for m in (merges if spec.merge_momentum else [None])]
             elif spec.damping:
-                params = [(None, a) for a in dampings]
+                params = [(None, a, None) for a in dampings]
             else:
-                params = [(None, None)]
-            for d, a in params:
-                value = threshold(rule, k, d, N, mu, 0.5 if a is None else a)
-                label = rule + (f", d = {d}" if d is not None else "") + (f", a = {a}" if a is not None else "")
+                params = [(None, None, None)]
+            for d, a, m in params:
+                value = threshold(rule, k, d, N, mu, 0.5 if a is None else a, merge_momentum=m or 0.0)
+                label = (rule + (f", d = {d}" if d is not None else "") + (f", a = {a}" if a is not None else "")
+                         + (f", momentum merge {m:g}" if m is not None else ""))
                 out.append({"rule": rule, "label": label, "k": k if spec.period else "",
                             "d": {"own": d, "k": k}.get(spec.merge_delay, ""),
-                            "a": "" if a is None else a, "N": N, "mu": mu, "threshold": round(value, 4)})
+                            "a": "" if a is None else a, "merge_momentum": "" if m is None else m,
+                            "N": N, "mu": mu, "threshold": round(value, 4)})
     return out
 
 
@@ -79,11 +85,14 @@ def run(args) -> int:
     periods = parse_list(args.delays, "--delays", int, minimum=1)
     delays = parse_list(args.merge_delays, "--merge-delays", int, minimum=1)
     dampings = parse_list(args.damping, "--damping", float, minimum=0)
+    merges = parse_list(args.merge_momentum, "--merge-momentum", float, minimum=0)
+    if any(m > 1 for m in merges):
+        raise UserError(f"--merge-momentum values must be in [0, 1], got {args.merge_momentum}")
     if args.ranks < 2:
         raise UserError(f"--ranks must be >= 2 (a spread needs two ranks), got {args.ranks}")
     if not 0 <= args.momentum < 1:
         raise UserError(f"--momentum must be in [0, 1), got {args.momentum}")
-    results = rows(rules, periods, delays, dampings, args.ranks, args.momentum)
+    results = rows(rules, periods, delays, dampings, args.ranks, args.momentum, merges)
     from ssdmpi.algos.stability import STEP, X_MAX, X_MIN
 
     if args.json:

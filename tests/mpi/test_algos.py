@@ -72,6 +72,9 @@ for k in (1, 2, 5):
     CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-own", delay=k))
     for d in sorted({1, min(2, k), k}):
         CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-merge", delay=k, merge_delay=d))
+        # the momentum merge: none (each rank keeps its own velocity) and half of it (the default: all)
+        CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-merge", delay=k, merge_delay=d,
+                            merge_momentum=0.0 if d == 1 else 0.5))
     CONFIGS.append(dict(algo="localsgd", delay=k))
 CONFIGS.append(dict(algo="odsgd"))
 CONFIGS.append(dict(algo="ssgd"))
@@ -126,7 +129,11 @@ def test_reference_match(communicator, settings):
                                       dict(algo="ssd", comm="period", period_rule="replay"),
                                       dict(algo="ssd", comm="period", period_rule="delta-own"),
                                       dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1),
-                                      dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2)],
+                                      dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2),
+                                      dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2,
+                                           merge_momentum=0.5),
+                                      dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1,
+                                           merge_momentum=0.0)],
                          ids=cfg_id)
 def test_reference_match_float32_is_bitwise_up_to_two_ranks(communicator, settings):
     """In float32 too: at 1-2 ranks the MPI path and the reference do the same operations."""
@@ -219,6 +226,7 @@ STATE_CONFIGS = [dict(algo="ssd", comm="step", local_update="glu-paper"),
                  dict(algo="ssd", comm="period", period_rule="delta-own"),
                  dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2),
                  dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1),
+                 dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2, merge_momentum=0.0),
                  dict(algo="localsgd"), dict(algo="odsgd"), dict(algo="ssgd")]
 
 

@@ -155,6 +155,10 @@ def test_the_stable_region_is_the_maps_at_half_of_momentum_sgds_limit():
     assert stable(5, 1) and not stable(5, 5) and not stable(5, 2) and stable(20, 3)
     for k, d in [(5, 1), (10, 3), (20, 3)]:                  # another momentum: its own map and bound (1.5)
         assert stable_region(0.5, RULE)(k, d) == (stability.threshold("delta-merge", k, d, mu=0.5) >= 1.5), (k, d)
+    merged = stable_region(0.9, RULE, 1.0)                   # the momentum merge: its own map
+    for k, d in [(5, 1), (10, 1), (17, 2), (20, 1), (20, 3), (24, 2), (32, 8)]:
+        assert merged(k, d) == (stability.threshold("delta-merge", k, d, merge_momentum=1.0) >= bound), (k, d)
+    assert stable(5, 1) and not merged(5, 1) and merged(20, 3)
 
 
 class FakeHandle:

@@ -3,8 +3,9 @@
 The simulation here is written from the rules' specification (docs/PERIOD_RULE.md), one scalar
 per rank, in plain Python floats, independently of the matrices of ``ssdmpi/algos/stability.py``;
 ``delta-merge`` is simulated in its shift form (``L += mean D - own D`` at the merge), not the
-form the map uses. Below the threshold the map reports, the state must stay bounded; just above
-it, it must grow (for a rule whose mean model is exact, that is the spread between the ranks).
+form the map uses, with its momentum merge (``U <- (1 - a) U + a P / k``) where one is given.
+Below the threshold the map reports, the state must stay bounded; just above it, it must grow
+(for a rule whose mean model is exact, that is the spread between the ranks).
 Also: the cheap form of the merge equals the shift form in exact arithmetic, and the map
 reproduces the reference figures of the linear model.
 """
@@ -20,7 +21,7 @@ from tests.conftest import run_cli
 MU = 0.9
 
 
-def simulate(rule, x, k, d=None, periods=3000, a=0.5):
+def simulate(rule, x, k, d=None, periods=3000, a=0.5, merge=0.0):
     """The largest magnitude in the state after each period of ``rule`` at ``eta*h = x`` (2 ranks, no
     noise). Start: the switch (every ``L`` at ``W = 1``), the ranks' velocities apart (0.1, -0.3)."""
     W, M = 1.0, 0.0
@@ -38,6 +39,7 @@ def simulate(rule, x, k, d=None, periods=3000, a=0.5):
                 L[r] = L[r] + U[r]
             if rule == "delta-merge" and j == d - 1 and P is not None:    # shift form
                 for r in range(2):
+                    U[r] = (1 - merge) * U[r] + merge * P / k
                     L[r] += P - Down[r]
                     S[r] += P - Down[r]
                 W, P = W + P, None
@@ -60,19 +62,30 @@ def simulate(rule, x, k, d=None, periods=3000, a=0.5):
     return out
 
 
-CASES = [("ssgd", 1, None), ("localsgd", 5, None), ("localsgd", 10, None), ("delta-own", 2, None),
-         ("delta-own", 5, None), ("delta-own", 10, None), ("delta-merge", 5, 1), ("delta-merge", 10, 2),
-         ("delta-merge", 20, 3), ("delta-merge", 20, 6), ("damp", 10, None)]
+CASES = [("ssgd", 1, None, 0.0), ("localsgd", 5, None, 0.0), ("localsgd", 10, None, 0.0), ("delta-own", 2, None, 0.0),
+         ("delta-own", 5, None, 0.0), ("delta-own", 10, None, 0.0), ("delta-merge", 5, 1, 0.0),
+         ("delta-merge", 10, 2, 0.0), ("delta-merge", 20, 3, 0.0), ("delta-merge", 20, 6, 0.0), ("damp", 10, None, 0.0),
+         ("delta-merge", 5, 1, 1.0), ("delta-merge", 10, 1, 1.0), ("delta-merge", 10, 2, 1.0),
+         ("delta-merge", 20, 1, 1.0), ("delta-merge", 10, 3, 1.0), ("delta-merge", 5, 1, 0.5)]
 
 
-@pytest.mark.parametrize("rule,k,d", CASES)
-def test_spread_bounded_below_the_threshold_and_growing_above(rule, k, d):
-    x = stability.threshold(rule, k, d)
+@pytest.mark.parametrize("rule,k,d,merge", CASES)
+def test_spread_bounded_below_the_threshold_and_growing_above(rule, k, d, merge):
+    x = stability.threshold(rule, k, d, merge_momentum=merge)
     assert 0 < x < stability.X_MAX
-    below = simulate(rule, x / 1.01, k, d)
-    above = simulate(rule, x * 1.01, k, d)
-    assert max(below[-100:]) < 1.0, (rule, k, d, x, below[-1])
-    assert not above[-1] < 100.0, (rule, k, d, x, above[-1])             # grown (or overflowed: inf, nan)
+    below = simulate(rule, x / 1.01, k, d, merge=merge)
+    above = simulate(rule, x * 1.01, k, d, merge=merge)
+    assert max(below[-100:]) < 1.0, (rule, k, d, merge, x, below[-1])
+    assert not above[-1] < 100.0, (rule, k, d, merge, x, above[-1])             # grown (or overflowed: inf, nan)
+
+
+def test_the_momentum_merge_changes_the_map_and_only_delta_merge_takes_one():
+    x = stability.grid(0.01, 3.0, 0.05)
+    a = stability.spectral_radius(stability.period_map("delta-merge", x, 5, 1))
+    b = stability.spectral_radius(stability.period_map("delta-merge", x, 5, 1, merge_momentum=1.0))
+    assert abs(a - b).max() > 0.01
+    with pytest.raises(ValueError):
+        stability.period_map("delta-own", x, 5, merge_momentum=1.0)
 
 
 def test_delta_merge_with_d_equal_k_is_delta_own():
@@ -142,17 +155,20 @@ def test_command_prints_the_table_and_writes_the_json(tmp_path):
     proc = run_cli(["bench", "stability", "--rules", "ssgd,delta-own,delta-merge", "--delays", "2,5",
                     "--merge-delays", "1,3", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
-    assert "| delta-merge, d = 3 |  | 0.168 |" in proc.stdout        # d = 3 > k = 2: an empty cell
+    assert "| delta-merge, d = 3, momentum merge 0 |  | 0.168 |" in proc.stdout    # d = 3 > k = 2: an empty cell
+    assert "| delta-merge, d = 1, momentum merge 1 | 1.34 | 1.62 |" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["rule"], r["k"], r["d"]) for r in rows] == [
-        ("ssgd", "", ""), ("delta-own", 2, 2), ("delta-own", 5, 5),
-        ("delta-merge", 2, 1), ("delta-merge", 5, 1), ("delta-merge", 5, 3)]
+    assert [(r["rule"], r["k"], r["d"], r["merge_momentum"]) for r in rows] == [
+        ("ssgd", "", "", ""), ("delta-own", 2, 2, ""), ("delta-own", 5, 5, ""),
+        ("delta-merge", 2, 1, 0.0), ("delta-merge", 2, 1, 1.0), ("delta-merge", 5, 1, 0.0), ("delta-merge", 5, 1, 1.0),
+        ("delta-merge", 5, 3, 0.0), ("delta-merge", 5, 3, 1.0)]
     for r in rows:
-        assert r["threshold"] == round(stability.threshold(r["rule"], r["k"] or 1, r["d"] or None), 4)
+        assert r["threshold"] == round(stability.threshold(r["rule"], r["k"] or 1, r["d"] or None,
+                                                           merge_momentum=r["merge_momentum"] or 0.0), 4)
 
 
 @pytest.mark.parametrize("argv", [["--rules", "nope"], ["--delays", "0"], ["--merge-delays", "x"], ["--ranks", "1"],
-                                  ["--momentum", "1"]])
+                                  ["--momentum", "1"], ["--merge-momentum", "1.5"]])
 def test_bad_arguments_are_one_line_errors(argv):
     proc = run_cli(["bench", "stability"] + argv)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

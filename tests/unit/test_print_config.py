@@ -24,7 +24,7 @@ EXPECTED = {
     "ssgd": {"delay": NOT + "--algo ssd, odsgd or localsgd)", "comm": NOT + "--algo ssd or odsgd)",
              "period_rule": NOT + "--algo ssd --comm period)", "local_update": NOT + "--comm step or --period-rule "
              "replay)", "glu_divisor": NOT + "--local-update glu-paper)", "servers": NOT + "--algo asgd)"},
-    "ssd": {"delay": 5, "comm": "period", "period_rule": "delta-merge", "merge_delay": 1,
+    "ssd": {"delay": 5, "comm": "period", "period_rule": "delta-merge", "merge_delay": 1, "merge_momentum": 1.0,
             "delay_max": NOT + "--delay auto)",
             "local_lr": NOT + "--local-update glu-paper or sgd)", "asgd_order": NOT + "--algo asgd)"},
     "odsgd": {"delay": 1, "comm": "step", "local_update": "global-momentum", "period_rule": NOT + "--algo ssd --comm "

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from ssdmpi import config
+from ssdmpi.algos import registry
 from ssdmpi.errors import UserError
 from tests.conftest import assert_one_line_error, run_cli
 
@@ -104,7 +105,8 @@ def test_print_config_prints_the_resolution_and_writes_nothing(tmp_path):
     printed = yaml.safe_load(result.stdout)
     expected = config.resolve(parse("--config", str(tmp_path / "c.yaml"), "--batch-size", "8")).to_dict()
     expected.pop("run_dir"), expected.pop("stop_at_step")
-    expected.update(delay=5, comm="period", period_rule="delta-merge", merge_delay=1)   # what --algo ssd resolves
+    expected.update(delay=5, comm="period", period_rule="delta-merge", merge_delay=1,   # what --algo ssd resolves
+                    merge_momentum=1.0)
     assert printed == expected and printed["lr"] == 0.3 and printed["batch_size"] == 8
     assert f"#   run_dir: {tmp_path / 'r'}" in result.stdout
     assert re.search(r"^delay: 5 +# the default for --algo ssd$", result.stdout, re.M)
@@ -150,7 +152,7 @@ def test_help_states_the_resolved_default_of_every_flag():
         value = getattr(algo, name) if getattr(cfg, name) is None else getattr(cfg, name)
         if value is not None:
             shown = ",".join(map(str, value)) if isinstance(value, list) else f"{value:g}" \
-                if isinstance(value, float) and name == "glu_divisor" else str(value)
+                if isinstance(value, float) and name in registry.RESOLVED else str(value)
             assert f"(default: {shown}" in text, (name, shown, text)
         setters = sorted(p for p, values in presets.items() if name in values)
         named = re.search(r"(?:set by )?preset ([\w, -]+?) sets? (?:its|their) own|set by preset ([\w, -]+)\)",

@@ -3,10 +3,12 @@ sum posted at a period's end merged ``--merge-delay d`` iterations later."""
 
 from __future__ import annotations
 
+import functools
+
 from ssdmpi.algos.rules.delta_own import DeltaOwn
 from ssdmpi.algos.spec import RuleSpec, Setting
 from ssdmpi.errors import UserError
-from ssdmpi.validate import positive_int
+from ssdmpi.validate import number, positive_int
 
 
 class DeltaMerge(DeltaOwn):
@@ -17,13 +19,17 @@ class DeltaMerge(DeltaOwn):
 
         if m + 1 - d is a period end (a positive multiple of k):       # the merge
             W <- W + Sum/N;  s += k                                     # the sum posted d iterations ago
+            if a > 0:  U <- U*(1 - a) + (Sum/N)*(a/k)                   # the momentum merged (a: --merge-momentum)
             L <- W + (L - S);  S <- W                                   # own progress since that post kept
         if m + 1 is a period end:                                       # the post (after a merge at d = k)
             D <- L - S;  post Iallreduce(D) (sum);  S <- L
 
     ``L - S`` is always this rank's progress not yet posted, so ``W + Sum/N`` plus the mean of
-    ``L - S`` is the mean of the ranks' ``L`` (exact arithmetic). A request drained between the
-    post and the merge (checkpoint) is held and applied at the merge. ``finalize()`` and a resume on
+    ``L - S`` is the mean of the ranks' ``L`` (exact arithmetic). ``Sum/(N k)`` is the ranks' mean
+    step over the merged period: with ``a = 1`` every rank's velocity restarts from it, which drops
+    the part of each rank's velocity that its own gradient noise put there and that the period's
+    steps cancel out (docs/PERIOD_RULE.md); ``a = 0`` keeps each rank's own velocity. A request
+    drained between the post and the merge (checkpoint) is held and applied at the merge. ``finalize()`` and a resume on
     another rank count as delta-own (a sum in flight mid-delay is merged at the resume).
     """
 
@@ -34,11 +40,19 @@ class DeltaMerge(DeltaOwn):
         since_post = m + 1 - st.d
         if since_post >= st.k and since_post % st.k == 0:
             self._complete()
+            self._merge_momentum(self._other)        # the mean just added to W (in flight or held: this buffer)
             self._fused.merge_restart(self._plan, st.W, st.L, self.S)          # L = W + (L - S); S = W
         if (m + 1) % st.k == 0:
             D = self._acc
             self._fused.delta_own_boundary(self._plan, st.W, st.L, self.S, D, False)   # D = L - S; S = L
             self._swap_in(self._post(D))
+
+    def _merge_momentum(self, mean) -> None:
+        """``U <- U*(1 - a) + mean*(a/k)`` (``a`` = ``--merge-momentum``; nothing when ``a = 0``)."""
+        a, xp = self.st.merge_momentum, self.st.xp
+        if a:
+            xp.multiply(self.U, 1.0 - a, out=self.U)
+            self.U += mean * (a / self.st.k)
 
 
 def _within_the_period(run) -> None:
@@ -53,7 +67,12 @@ MERGE_DELAY = Setting("merge_delay", 1, "iterations from posting a period's sum 
                       "it with k unless given", int, positive_int, metavar="D", context_check=_within_the_period,
                       structural=True, bench_tag="d{}")
 
+MERGE_MOMENTUM = Setting("merge_momentum", 1.0, "at each merge, the share A of every rank's momentum replaced by "
+                         "the ranks' mean step over the merged period (1: all of it; 0: each rank keeps its own "
+                         "momentum, docs/PERIOD_RULE.md)", float, functools.partial(number, low=0.0, high=1.0),
+                         metavar="A", structural=True, bench_tag="mom{}")
+
 SPEC = RuleSpec("delta-merge", DeltaMerge, reference="ssdmpi.algos.reference:DeltaMergeTwin",
                 summary="as delta-own | post D = L - S (sum); S <- L; d iterations later: W <- W + Dsum/N; "
-                        "L <- W + (L - S); S <- W",
-                settings=(MERGE_DELAY,), auto_chooses="merge_delay", default=True)
+                        "U <- U (1 - a) + a Dsum/(N k); L <- W + (L - S); S <- W",
+                settings=(MERGE_DELAY, MERGE_MOMENTUM), auto_chooses="merge_delay", default=True)
