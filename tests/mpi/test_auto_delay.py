@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ssdmpi.algos import AlgoConfig, auto_delay, build_algorithm
+from ssdmpi.algos import AlgoConfig, auto_delay, build_algorithm, registry
 from ssdmpi.algos.auto_delay import DelayMeter, choose_period, stable_region
 from ssdmpi.cli import main
 from ssdmpi.data import ShardedLoader as Loader
@@ -26,7 +26,8 @@ from tests.mpi.test_resume import all_ranks, newest_checkpoint, shared_tmpdir
 
 SETTINGS = [dict(algo="ssd", comm="period", period_rule="delta-merge"),
             dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2)]
-STABLE = stable_region(0.9, "delta-merge")
+MERGE_MOMENTUM = registry.SETTINGS["merge_momentum"].default     # the runs below keep the default
+STABLE = stable_region(0.9, "delta-merge", MERGE_MOMENTUM)
 WARMUP = 8
 # the meter's own method: inject() wraps it, never an earlier inject()'s wrapper (a second inject
 # must change what the meter sees, or a resumed run that measured again would go unseen)
@@ -90,7 +91,7 @@ def test_auto_with_real_timings_equals_the_fixed_k_it_chose(communicator, cfg): 
 @pytest.mark.parametrize("cfg", SETTINGS, ids=lambda d: "-".join(map(str, d.values())))
 def test_noisy_ranks_agree_on_one_k_and_auto_equals_that_fixed_k(communicator, cfg, monkeypatch):  # noqa: F811
     # compute 10, 11, 12, 13 ms on ranks 0-3, allreduce 48.5 ms, 2 ms of update: alone, rank 3 would
-    # choose d = 4, the others 5 (and k from stability: 17)
+    # choose d = 4, the others 5 (and k from stability: 16 with d = 5, 17 with d = 4)
     inject(monkeypatch, compute_s=0.010, allreduce_s=0.0485 / (1 + auto_delay.SLACK), skew=0.1, update_s=0.002)
     k, auto = auto_equals_fixed(cfg, communicator)
     summary = auto._meter.summary()
@@ -104,10 +105,10 @@ def test_noisy_ranks_agree_on_one_k_and_auto_equals_that_fixed_k(communicator, c
 # --- ssdmpi train: resume, records ----------------------------------------------------------
 
 # What the injected times choose before / after the stop: d = 1 (10 ms of compute hide a 5 ms
-# allreduce), and k the smallest stable period (the map: 3, 5, 7, ... at d = 1) that amortises the
-# update time: 2 ms ask for k >= 4, 1 ms for k >= 2.
-(K_FIRST, D_FIRST, U_FIRST), (K_OTHER, D_OTHER, U_OTHER) = (5, 1, 0.002), (3, 1, 0.001)
-S = 2 * (WARMUP + 3 * K_FIRST + 2)          # 50: S/2 = 25 is m = 17, two steps into a period
+# allreduce), and k the smallest stable period (the map with the default momentum merge: 12, 14, 15,
+# ... at d = 1) that amortises the update time: 2 ms ask for k >= 4, 12 ms for k >= 14.
+(K_FIRST, D_FIRST, U_FIRST), (K_OTHER, D_OTHER, U_OTHER) = (12, 1, 0.002), (14, 1, 0.012)
+S = 2 * (WARMUP + 3 * K_FIRST + 2)          # 92: S/2 = 46 is m = 38, two steps into a period
 ARGS = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-size", "8", "--lr", "0.05",
         "--seed", "5", "--eval-every", "0", "--log-every", "1000", "--keep-checkpoints", "0", "--no-progress-bar",
         "--algo", "ssd", "--comm", "period", "--warmup-steps", str(WARMUP), "--steps", str(S)]
@@ -189,20 +190,21 @@ def test_resumed_inside_the_warm_up_measures_with_the_samples_it_had(monkeypatch
 
 @pytest.mark.timeout(300)
 def test_delay_max_caps_the_choice_and_the_capped_run_equals_that_fixed_k(monkeypatch):
-    """``--delay-max 4`` where the measurements ask for (5, 1): amortised against the cap, k = 2 would
-    do, which is unstable at d = 1 (the map), so every rank takes 3; the record and ``config.yaml``
-    say so, and the run is bitwise the fixed ``--delay 3 --merge-delay 1`` run."""
-    size, cap = MPI.COMM_WORLD.Get_size(), 4
+    """``--delay-max 13`` where the measurements ask for (14, 1): amortised against the cap, k = 9 would
+    do, which is unstable at d = 1 (the map with the default momentum merge: 12 is the one stable k up
+    to 13), so every rank takes 12; the record and ``config.yaml`` say so, and the run is bitwise the
+    fixed ``--delay 12 --merge-delay 1`` run."""
+    size, cap = MPI.COMM_WORLD.Get_size(), 13
     tmp = shared_tmpdir()
     fixed, capped = os.path.join(tmp, "fixed"), os.path.join(tmp, "capped")
-    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", "3", "--merge-delay", "1"] + ARGS)) == [0] * size
-    inject(monkeypatch, **times_for(K_FIRST), seed=4)
+    assert all_ranks(main(["train", "--run-dir", fixed, "--delay", "12", "--merge-delay", "1"] + ARGS)) == [0] * size
+    inject(monkeypatch, **times_for(K_OTHER), seed=4)
     assert all_ranks(main(["train", "--run-dir", capped, "--delay", "auto", "--delay-max", str(cap)] + ARGS)) == \
         [0] * size
     if MPI.COMM_WORLD.Get_rank() == 0:
         (record,) = delay_records(capped)
-        assert (record["delay"], record["merge_delay"]) == (3, 1) and record["range"] == [1, cap], record
+        assert (record["delay"], record["merge_delay"]) == (12, 1) and record["range"] == [1, cap], record
         with open(os.path.join(capped, "config.yaml")) as f:
             assert f"\ndelay_max: {cap}\n" in f.read()
     diff = MPI.COMM_WORLD.bcast(same_final_state(fixed, capped) if MPI.COMM_WORLD.Get_rank() == 0 else None)
-    assert diff == [], f"the capped auto run is not bitwise the fixed --delay 3 run: {diff}"
+    assert diff == [], f"the capped auto run is not bitwise the fixed --delay 12 run: {diff}"
