@@ -327,3 +327,33 @@ def test_load_state_dict_rejects_a_state_that_does_not_fit(communicator):
         build_algorithm(cfg, bigger, communicator).load_state_dict(state)
     with pytest.raises(UserError, match="algorithm 'ssd', not 'localsgd'"):
         build_algorithm(AlgoConfig(algo="localsgd", warmup_steps=1), tiny_mlp()(), communicator).load_state_dict(state)
+
+
+def test_a_merge_with_nothing_to_add_leaves_the_momentum_alone(communicator):
+    """A resume on another number of ranks merges a sum in flight mid-delay into ``W`` at once
+    (``resize.merge_displacements``); the merge iteration then finds nothing to add, and the momentum
+    merge must change nothing either: from that state, ``--merge-momentum 1`` and ``0`` take bitwise
+    the same next steps (the momentum merge of an empty buffer would zero every velocity)."""
+    from ssdmpi.algos import resize
+
+    N, rank = communicator.size, communicator.rank
+    x, y = dataset()
+    settings = dict(algo="ssd", comm="period", period_rule="delta-merge", delay=3, merge_delay=2, warmup_steps=3,
+                    lr=0.05)
+    first = build_algorithm(AlgoConfig(merge_momentum=1.0, **settings), tiny_mlp()(), communicator)
+    loader = Loader(x, y, B, rank, N, seed=7)
+    for _ in range(3 + 4):                      # warm-up, then m = 0..3: posted at m = 2, merged at m = 4
+        first.step(*loader.next_batch())
+    state = first.state_dict()
+    assert int(state["period.has_Rp"]) == 1
+    resize.merge_displacements(state, 3)         # what the resume on another rank count builds
+    batches = [loader.next_batch() for _ in range(3)]
+    runs = []
+    for a in (1.0, 0.0):
+        algo = build_algorithm(AlgoConfig(merge_momentum=a, **settings), tiny_mlp()(), communicator)
+        algo.load_state_dict(dict(state))
+        for xb, yb in batches:                  # m = 4 (the merge iteration, nothing to add), 5 (a post), 6
+            algo.step(xb, yb)
+        runs.append((algo.global_weights().copy(), algo.local_weights().copy(), algo.rule.U.copy()))
+    same = all(np.array_equal(p, q) for p, q in zip(*runs))
+    assert all_ranks_ok(MPI.COMM_WORLD, same), "the momentum merge changed a merge that had nothing to add"

@@ -29,8 +29,9 @@ class DeltaMerge(DeltaOwn):
     step over the merged period: with ``a = 1`` every rank's velocity restarts from it, which drops
     the part of each rank's velocity that its own gradient noise put there and that the period's
     steps cancel out (docs/PERIOD_RULE.md); ``a = 0`` keeps each rank's own velocity. A request
-    drained between the post and the merge (checkpoint) is held and applied at the merge. ``finalize()`` and a resume on
-    another rank count as delta-own (a sum in flight mid-delay is merged at the resume).
+    drained between the post and the merge (checkpoint) is held and applied at the merge.
+    ``finalize()`` and a resume on another rank count as delta-own: a sum in flight mid-delay is
+    merged at the resume, and its merge iteration then finds nothing to add (``L``, ``U`` kept).
     """
 
     def step(self, g, m: int) -> None:
@@ -39,8 +40,8 @@ class DeltaMerge(DeltaOwn):
         self._fused.delta_own_step(self._plan, self.U, st.L, g, eta * st.weight_decay, st.momentum, eta)
         since_post = m + 1 - st.d
         if since_post >= st.k and since_post % st.k == 0:
-            self._complete()
-            self._merge_momentum(self._other)        # the mean just added to W (in flight or held: this buffer)
+            if self._complete():                     # nothing to add after a resume on another rank count
+                self._merge_momentum(self._other)    # the mean just added to W (in flight or held: this buffer)
             self._fused.merge_restart(self._plan, st.W, st.L, self.S)          # L = W + (L - S); S = W
         if (m + 1) % st.k == 0:
             D = self._acc
