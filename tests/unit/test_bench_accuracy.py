@@ -416,6 +416,6 @@ def test_every_variant_a_doc_runs_with_bench_accuracy_is_known():
             if "bench accuracy" in line:
                 for match in re.finditer(r"--variants\s+([^\s`]+)", line):
                     named.update(v for v in match.group(1).split(",") if v and not v.startswith("$"))
-    assert "asgd/plain" in named and "period/delta-merge:d=1" in named, sorted(named)
+    assert "asgd/plain" in named and "period/delta-merge:d=1:mom=1" in named, sorted(named)
     unknown = sorted(v for v in named if not accuracy._known(v))
     assert unknown == [], f"variants in the docs that bench accuracy refuses: {unknown}"

@@ -39,7 +39,8 @@ def test_the_compute_bound_accuracy_gap_is_in_the_summary():
     deltas = [next(r["acc_delta"] for r in json.loads((ROOT / f"docs/figures/compute-bound-acc-s{s}/result.json")
                                                        .read_text())["rows"] if r["name"] == "ssd-period-k5")
               for s in (0, 1, 2)]
-    assert f"{sum(deltas) / 3:+.2f} points" in row and "**not met**" in row
+    mean = sum(deltas) / 3
+    assert f"{mean:+.2f} points" in row and ("**met**" if mean >= -1.0 else "**not met**") in row
 
 
 # ----------------------------------------------------------------------------- the renderer

@@ -126,10 +126,12 @@ def test_replay_one_worker_without_momentum_replays_each_period_one_period_late(
             assert np.array_equal(sim.L[0], sim.W)           # reset L <- W at the period end
 
 
-@pytest.mark.parametrize("rule", [dict(period_rule="delta-own"), dict(period_rule="delta-merge", merge_delay=1),
-                                  dict(period_rule="delta-merge", merge_delay=2)])
+@pytest.mark.parametrize("rule", [dict(period_rule="delta-own"),
+                                  dict(period_rule="delta-merge", merge_delay=1, merge_momentum=0.0),
+                                  dict(period_rule="delta-merge", merge_delay=2, merge_momentum=0.0)])
 def test_delta_one_worker_keeps_its_own_trajectory(rule):
-    """5b delta with N=1: L <- W + own displacement in flight is exactly where L already was."""
+    """5b delta with N=1: L <- W + own displacement in flight is exactly where L already was (without
+    the momentum merge, which restarts the velocity from the period's mean step)."""
     x, y = data()
     batches = same_batch_for_everyone(x, y)
     lr, mu, T_w = 0.05, 0.9, 3
@@ -229,13 +231,14 @@ def worker_batches(x, y, N, B=4):
 def test_delta_merge_with_d_equal_k_is_delta_own(k):
     """Merged d = k iterations after posting (at the next period's end, before the next post), the
     cheap merge ``L <- W + (L - S); S <- W`` is delta-own's ``L <- W + D`` (PERIOD_RULE.md 3) in exact
-    arithmetic: float64 trajectories agree to rounding, W and every L after every iteration."""
+    arithmetic: float64 trajectories agree to rounding, W and every L after every iteration (without
+    the momentum merge, which delta-own does not have)."""
     x, y = data()
     N = 3
     batches = worker_batches(x, y, N)
     sims = [Simulation(AlgoConfig(algo="ssd", comm="period", delay=k, warmup_steps=2, lr=0.05, **rule), factory,
                        batches, N) for rule in (dict(period_rule="delta-own"),
-                                                dict(period_rule="delta-merge", merge_delay=k))]
+                                                dict(period_rule="delta-merge", merge_delay=k, merge_momentum=0.0))]
     for _ in range(2 + 5 * k + 1):
         for sim in sims:
             sim.step()
