@@ -362,8 +362,7 @@ def resolve(args, checkpoint_config: dict | None = None):
     defaults = TrainConfig().to_dict()
     preset_name = getattr(args, "preset", None)
     if checkpoint_config is not None:
-        inherited = {k: v for k, v in normalise(dict(checkpoint_config), "checkpoint config").items()
-                     if SETTINGS[k].inherited}
+        inherited = {k: v for k, v in checkpoint_settings(checkpoint_config).items() if SETTINGS[k].inherited}
         base = merge(defaults, inherited)
         if preset_name is not None:
             base = merge(base, load_preset(preset_name))
@@ -372,6 +371,18 @@ def resolve(args, checkpoint_config: dict | None = None):
     if getattr(args, "config", None):
         base = merge(base, load_file(args.config))
     return build(merge(base, from_flags(args)))
+
+
+def checkpoint_settings(checkpoint_config: dict) -> dict:
+    """A checkpoint's config as field names (``normalise``), with the value that reproduces what it
+    ran for a setting added after it was written: ``merge_momentum`` 0 for a run of the period rule
+    ``delta-merge`` (it had no momentum merge then)."""
+    old = normalise(dict(checkpoint_config), "checkpoint config")
+    delta_merge = (old.get("algo") or "ssd") == "ssd" and old.get("comm") in (None, "period") \
+        and old.get("period_rule") in (None, "delta-merge")
+    if "merge_momentum" not in old and delta_merge:
+        old["merge_momentum"] = 0.0
+    return old
 
 
 def soft_settings(args) -> set:
@@ -391,7 +402,7 @@ def check_resume(old: dict, cfg) -> None:
     switch point the run would stay SSGD, or count its local steps from a negative ``m``), or
     if the run's length changed under a schedule that depends on it (``cosine``, ``poly``: the
     lr would jump at the resume point and the run would match neither length's run)."""
-    old = normalise(dict(old), "checkpoint config")
+    old = checkpoint_settings(old)
     for name in STRUCTURAL:
         if name in old and old[name] != getattr(cfg, name):
             raise UserError(f"the checkpoint was trained with {SETTINGS[name].flag}={old[name]!r} but this run asks "

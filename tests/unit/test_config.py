@@ -125,6 +125,27 @@ def test_resume_refuses_structural_changes_but_allows_longer_runs():
         config.check_resume(old, cfg)
 
 
+def test_a_checkpoint_from_before_the_momentum_merge_resumes_without_it():
+    """A delta-merge checkpoint whose config has no ``merge_momentum`` (written before the setting) ran
+    without the momentum merge: it resumes with 0, and refuses 1; other algorithms are left alone."""
+    old = config.resolve(parse()).to_dict()
+    assert "merge_momentum" in old                       # every config written now records it
+    del old["merge_momentum"]
+    cfg = config.resolve(parse(), checkpoint_config=old)
+    config.check_resume(old, cfg)
+    assert cfg.merge_momentum == 0.0
+    with pytest.raises(UserError, match="merge-momentum"):
+        config.check_resume(old, config.resolve(parse("--merge-momentum", "1"), checkpoint_config=old))
+    for flags in (("--algo", "localsgd"), ("--comm", "step"), ("--period-rule", "delta-own")):
+        other = config.resolve(parse(*flags)).to_dict()
+        del other["merge_momentum"]
+        cfg = config.resolve(parse(), checkpoint_config=other)
+        config.check_resume(other, cfg)
+        assert cfg.merge_momentum is None, flags
+    new = config.resolve(parse()).to_dict()             # written now, the default: it stays the default
+    assert config.resolve(parse(), checkpoint_config=new).merge_momentum is None
+
+
 @pytest.mark.parametrize("flags, needle", [
     (("--warmup-steps", "30"), "trained with --warmup-steps 10 but this run asks for --warmup-steps 30"),
     (("--warmup-steps", "5"), "trained with --warmup-steps 10 but this run asks for --warmup-steps 5"),
