@@ -375,14 +375,9 @@ def resolve(args, checkpoint_config: dict | None = None):
 
 def checkpoint_settings(checkpoint_config: dict) -> dict:
     """A checkpoint's config as field names (``normalise``), with the value that reproduces what it
-    ran for a setting added after it was written: ``merge_momentum`` 0 for a run of the period rule
-    ``delta-merge`` (it had no momentum merge then)."""
+    ran for an algorithm setting added after it was written (``registry.predating_values``)."""
     old = normalise(dict(checkpoint_config), "checkpoint config")
-    delta_merge = (old.get("algo") or "ssd") == "ssd" and old.get("comm") in (None, "period") \
-        and old.get("period_rule") in (None, "delta-merge")
-    if "merge_momentum" not in old and delta_merge:
-        old["merge_momentum"] = 0.0
-    return old
+    return {**old, **registry.predating_values(old)}
 
 
 def soft_settings(args) -> set:

@@ -321,6 +321,19 @@ def resolve(values: dict, world_size: int | None = None) -> Run:
     return run
 
 
+def predating_values(old: dict) -> dict:
+    """``{setting: value}`` for the algorithm settings a run's config ``old`` (field names, as a checkpoint
+    stores it) predates and that change what it ran: ``merge_momentum`` 0 for a run of a period rule that
+    has it now (there was no momentum merge before the setting). ``{}`` when there is none."""
+    spec = ALGORITHMS.get(old.get("algo") or SETTINGS["algo"].default)
+    if spec is None or "merge_momentum" in old or not spec.uses("period_rule"):
+        return {}
+    comm = spec.fixed.get("comm", old.get("comm") or SETTINGS["comm"].default)
+    rule = RULES.get(old.get("period_rule") or DEFAULT_RULE)
+    has_it = rule is not None and any(s.name == "merge_momentum" for s in rule.settings)
+    return {"merge_momentum": 0.0} if comm == "period" and has_it else {}
+
+
 def _algo_config_fields() -> list:
     """``AlgoConfig``'s fields: the settings above (lengths in steps), the run's length."""
     skip = {"warmup_epochs", "lr_warmup_epochs"}
