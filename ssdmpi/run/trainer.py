@@ -36,10 +36,19 @@ def _say(rank: int, text: str, file=None) -> None:
 # --- ssdmpi train ------------------------------------------------------------------------------
 
 def run(args) -> int:
-    """``ssdmpi train`` (``--print-config``: print the resolved settings, start nothing)."""
+    """``ssdmpi train`` (``--print-config``: print the resolved settings, start nothing).
+
+    A run that stops early with a non-zero code (a preemption's checkpoint-and-requeue, an
+    interrupt, divergence) ends on every rank together: the ranks meet at a barrier once each has
+    closed everything, so that none begins to exit while another still writes. Under ``srun
+    --kill-on-bad-exit`` the first rank to exit non-zero has the others killed, and a straggler
+    killed that way turns the job's exit code into a signal's (no requeue)."""
     if getattr(args, "print_config", False):
         return print_config(args)
-    return run_job(args, command=True)[0]
+    code = run_job(args, command=True)[0]
+    if code and world.rank_and_size()[1] > 1:
+        world.agree(lambda: None)
+    return code
 
 
 def run_job(args, model=None, dataset=None, command: bool = False):
