@@ -85,9 +85,9 @@ def run(args) -> int:
     periods = parse_list(args.delays, "--delays", int, minimum=1)
     delays = parse_list(args.merge_delays, "--merge-delays", int, minimum=1)
     dampings = parse_list(args.damping, "--damping", float, minimum=0)
-    merges = parse_list(args.merge_momentum, "--merge-momentum", float, minimum=0)
-    if any(m > 1 for m in merges):
-        raise UserError(f"--merge-momentum values must be in [0, 1], got {args.merge_momentum}")
+    merges = parse_list(args.merge_momentum, "--merge-momentum", float)
+    for m in merges:
+        registry.SETTINGS["merge_momentum"].validate(m)          # the training flag's own check: [0, 1]
     if args.ranks < 2:
         raise UserError(f"--ranks must be >= 2 (a spread needs two ranks), got {args.ranks}")
     if not 0 <= args.momentum < 1:
