@@ -24,7 +24,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["ssdmpi", "ssdmpi.*"]),
-    package_data={"ssdmpi": ["presets/*.yaml", "data/digits.csv.gz", "data/digits.LICENSE.txt"]},
+    package_data={"ssdmpi": ["presets/*.yaml", "data/digits.csv.gz", "data/digits.LICENSE.txt", "data/devil.dict.dz",
+                            "data/devil.LICENSE.txt"]},
     install_requires=[
         "numpy>=1.24",
         "mpi4py>=4",

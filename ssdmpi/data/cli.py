@@ -2,11 +2,17 @@
 
     ssdmpi data list [--json]
     ssdmpi data convert NAME [--path P] --out FILE.h5 [--force] [--compress] [-o KEY=VALUE ...]
+    ssdmpi data convert text FILE... --out FILE.h5 [--val-fraction F] [--separator S] [--context T]
+                                     [--licence L] [--description D] [--force] [--compress]
 
-``convert`` writes the un-normalised images (see ``ssdmpi/data/hdf5.py``) to a
-temporary file next to FILE.h5 and renames it into place; an existing FILE.h5 is
-refused unless ``--force``. ``-o`` passes dataset options (``synthetic`` only, e.g.
-``-o num_train=50000 -o input_shape=3,32,32``). No MPI: run it as one
+``convert`` writes the un-normalised images (see ``ssdmpi/data/hdf5.py``), or for a text
+dataset its byte-level tokens (``ssdmpi/data/text_hdf5.py``), to a temporary file next to
+FILE.h5 and renames it into place; an existing FILE.h5 is refused unless ``--force``. ``-o``
+passes dataset options (``synthetic`` only, e.g. ``-o num_train=50000 -o input_shape=3,32,32``).
+``convert text`` joins UTF-8 text files (``ssdmpi/data/corpora.py``) with ``--separator``
+between consecutive files, keeps the last ``--val-fraction`` of the bytes as the val split,
+and refuses a corpus whose train split, or a non-empty val split, is shorter than one window of
+``--context`` + 1 tokens. The corpus is named after FILE.h5 (its stem). No MPI: run it as one
 process (under mpiexec, ranks other than 0 do nothing).
 """
 
@@ -16,6 +22,10 @@ import json
 import os
 
 from ssdmpi.errors import UserError
+
+VAL_FRACTION = 0.1   # convert text's default (that of the built-in corpora: ssdmpi/data/corpora.py)
+MIN_CONTEXT = 256    # convert text's default --context
+TEXT_FLAGS = ("val_fraction", "separator", "context", "licence", "description")
 
 
 def add_arguments(parser) -> None:
@@ -32,6 +42,15 @@ def add_arguments(parser) -> None:
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset option, repeatable (synthetic: num_train, num_test, input_shape, num_classes, "
                         "seed, separation)")
+    p.add_argument("files", nargs="*", metavar="FILE", help="text: the UTF-8 text files, in order")
+    p.add_argument("--val-fraction", type=float, default=None, metavar="F",
+                   help=f"text: the last F of the bytes are the val split (default {VAL_FRACTION})")
+    p.add_argument("--separator", default=None, metavar="S",
+                   help=r"text: put between consecutive files; escapes \n \t \r \\ \xHH (default \n)")
+    p.add_argument("--context", type=int, default=None, metavar="T",
+                   help=f"text: refuse a corpus too small for one window of T+1 tokens (default {MIN_CONTEXT})")
+    p.add_argument("--licence", default=None, help="text: the texts' licence, stored with the corpus")
+    p.add_argument("--description", default=None, help="text: what the texts are, stored with the corpus")
 
 
 def parse_options(pairs) -> dict:
@@ -47,7 +66,7 @@ def parse_options(pairs) -> dict:
 
 def sources() -> list[dict]:
     """For each dataset: name, where it is looked for, where it was found (or None), and a note."""
-    from ssdmpi.data import datasets
+    from ssdmpi.data import corpora, datasets
 
     out = []
     for name in datasets.DATASETS:
@@ -59,10 +78,21 @@ def sources() -> list[dict]:
             found, note = "generated", "seeded, any shape; options via -o"
         elif name == "hdf5":
             found, note = None, "give the file with --path FILE.h5"
+        elif name == "devils-dictionary":
+            found = looked[0] if os.path.isfile(looked[0]) else None
+            note = f"text, built in (shipped with ssdmpi, works offline); licence: {corpora.DEVIL_LICENCE}"
+        elif name == "kjv":
+            found = next((p for p in looked if os.path.isfile(p)), None)
+            note = f"text; licence: {corpora.KJV_LICENCE}"
+            if not found:
+                note += "; to get it, " + datasets.how_to_get(name)
+        elif name == "text":
+            found, note = None, "text; give the file with --path FILE.h5 (write one with 'ssdmpi data convert text')"
         else:
             found = next((p for p in looked if os.path.isdir(p)), None)
             note = "" if found else "to get it, " + datasets.how_to_get(name)
-        out.append({"name": name, "looked_in": looked, "found": found, "note": note})
+        out.append({"name": name, "kind": datasets.dataset_kind(name), "looked_in": looked, "found": found,
+                    "note": note})
     return out
 
 
@@ -73,27 +103,73 @@ def _list(args) -> int:
         return 0
     for row in rows:
         status = f"found: {row['found']}" if row["found"] else "not found"
-        if row["name"] == "hdf5":
-            status = "any file in the layout of 'ssdmpi data convert'"
-        print(f"{row['name']:<14} {status}")
-        if row["looked_in"] and row["name"] != "digits":
-            print(f"{'':<14} looked in: {', '.join(row['looked_in'])}")
+        if row["name"] in ("hdf5", "text"):
+            status = f"any file in the {'text ' if row['name'] == 'text' else ''}layout of 'ssdmpi data convert'"
+        print(f"{row['name']:<17} {status}")
+        if row["looked_in"] and row["name"] not in ("digits", "devils-dictionary"):
+            print(f"{'':<17} looked in: {', '.join(row['looked_in'])}")
         if row["note"]:
-            print(f"{'':<14} {row['note']}")
+            print(f"{'':<17} {row['note']}")
     return 0
 
 
 def _convert(args) -> int:
-    from ssdmpi.data.datasets import load_raw
+    from ssdmpi.data.datasets import canonical_name, dataset_kind, load_raw
     from ssdmpi.data.hdf5 import write_hdf5
 
+    name = canonical_name(args.name)
+    if args.files and name != "text":
+        raise UserError(f"dataset '{name}' takes no FILE arguments (got {' '.join(args.files)}); "
+                        f"use --path for its directory or file")
+    given = [flag for flag in TEXT_FLAGS if getattr(args, flag) is not None]
+    if given and name != "text":
+        raise UserError(f"--{given[0].replace('_', '-')} is for 'ssdmpi data convert text FILE...' only")
     if os.path.exists(args.out) and not args.force:   # before the (possibly long) read
         raise UserError(f"{args.out} exists; choose another --out or pass --force to replace it")
+    if dataset_kind(name) == "text":
+        return _convert_text(args, name)
     raw = load_raw(args.name, args.path, **parse_options(args.option))
     write_hdf5(args.out, raw, force=args.force, compress=args.compress)
     shape = "x".join(str(s) for s in raw.train_images.shape[1:])
     print(f"wrote {args.out}: {raw.name}, {len(raw.train_images)} train / {len(raw.test_images)} test, "
           f"{shape} {raw.train_images.dtype}, {raw.num_classes} classes (from {raw.source})")
+    return 0
+
+
+def _convert_text(args, name: str) -> int:
+    from ssdmpi.data import corpora
+    from ssdmpi.data.datasets import load_dataset, reject_options
+    from ssdmpi.data.text import check_context, encode, from_tokens
+    from ssdmpi.data.text_hdf5 import write_text_hdf5
+
+    reject_options(name, parse_options(args.option))
+    if name != "text":      # a named corpus: its tokens and split as load_dataset gives them
+        dataset = load_dataset(name, args.path)
+        write_text_hdf5(args.out, dataset, force=args.force, compress=args.compress)
+        print(f"wrote {args.out}: {dataset.summary()}")
+        return 0
+    if args.path:
+        raise UserError("'ssdmpi data convert text' takes the text files as arguments, not --path")
+    fraction = VAL_FRACTION if args.val_fraction is None else args.val_fraction
+    if not 0 <= fraction < 1:
+        raise UserError(f"--val-fraction must be in [0, 1), got {fraction}")
+    context = check_context(MIN_CONTEXT if args.context is None else args.context)
+    separator = corpora.parse_separator("\\n" if args.separator is None else args.separator)
+    train, val = corpora.split(encode(corpora.read_text_files(args.files, separator)), fraction)
+    window = context + 1
+    if len(train) < window:
+        raise UserError(f"the corpus gives a train split of {len(train):,} bytes, fewer than one window of {window} "
+                        f"(--context {context} + 1); give more text or a smaller --context")
+    if fraction > 0 and len(val) < window:
+        raise UserError(f"the corpus gives a val split of {len(val):,} bytes (--val-fraction {fraction}), fewer "
+                        f"than one window of {window} (--context {context} + 1); give more text, a larger "
+                        "--val-fraction, a smaller --context, or --val-fraction 0")
+    stem = os.path.splitext(os.path.basename(args.out))[0]
+    dataset = from_tokens(stem, train, val, source=", ".join(args.files), licence=args.licence or "",
+                          description=args.description or "")
+    write_text_hdf5(args.out, dataset, force=args.force, compress=args.compress)
+    print(f"wrote {args.out}: {dataset.num_train_tokens:,} train / {dataset.num_val_tokens:,} val byte tokens "
+          f"from {len(args.files)} file(s)")
     return 0
 
 

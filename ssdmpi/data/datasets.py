@@ -13,7 +13,20 @@ mnist           IDX files, as above                                     .../mnis
 cifar10         python batches ``data_batch_1..5``, ``test_batch``      .../cifar-10-batches-py
 hdf5            the layout of ``ssdmpi/data/hdf5.py`` (``path`` needed)  ``path`` only
 synthetic       seeded Gaussian classes (options below)                generated
+devils-dictionary  text: Bierce's "The Devil's Dictionary", shipped     ssdmpi/data/devil.dict.dz
+                in ssdmpi (383,656 bytes)
+kjv             text: the King James Bible (4.1 MB): a UTF-8 file       .../kjv/kjv.txt under the
+                ``kjv.txt``, or Debian's bible-kjv                      same roots, then
+                                                                        /usr/lib/bible.data
+text            the text layout of ``ssdmpi/data/text_hdf5.py``         ``path`` only
+                (``path`` needed)
 =============== ====================================================== =========================
+
+The last three are text datasets: ``load_dataset`` returns a ``TextDataset`` of byte-level
+tokens (``ssdmpi/data/text.py``: the windows, the loader, the trainer's contract; the corpora
+and their licences: ``ssdmpi/data/corpora.py``), ``kind == "text"``; the others a ``Dataset``,
+``kind == "classification"``, normalised as below. The built-in corpora's val split is their
+last 10% of bytes; ``dataset_kind(name)`` tells the kind without loading anything.
 
 ``digits`` split: the first 1,437 samples train, the last 360 test (the file's
 order, the same as scikit-learn's ``load_digits``; fixed, no shuffling; see
@@ -47,14 +60,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import ClassVar
 
 import numpy as np
 
-from ssdmpi.data.names import DATASETS
+from ssdmpi.data.names import DATASETS, TEXT_DATASETS
 from ssdmpi.errors import UserError
 
 _ALIASES = {"fashion_mnist": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10",
-            "cifar_10": "cifar10", "h5": "hdf5"}
+            "cifar_10": "cifar10", "h5": "hdf5", "devil": "devils-dictionary", "devils_dictionary": "devils-dictionary",
+            "bible": "kjv", "bible-kjv": "kjv"}
 
 # Where datasets that live in a directory are looked for: <root>/<subdir> for each root.
 _SUBDIR = {"fashion-mnist": "fashion-mnist", "mnist": "mnist", "cifar10": "cifar-10-batches-py"}
@@ -65,7 +80,10 @@ _HOW_TO_GET = {
              "(a mirror of yann.lecun.com/exdb/mnist) into such a directory",
     "cifar10": "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz and extract it "
                "(it unpacks to cifar-10-batches-py/)",
+    "kjv": "install Debian's package (apt-get install bible-kjv: its bible program reads bible-kjv-text's "
+           "/usr/lib/bible.data) or put a UTF-8 text of the King James Bible in kjv/kjv.txt under one of those roots",
 }
+BIBLE_DATA = "/usr/lib/bible.data"   # Debian's bible-kjv-text
 DIGITS_TRAIN = 1437   # of 1797: the first 1,437 train, the last 360 test
 SYNTHETIC_DEFAULTS = {"num_train": 4096, "num_test": 1024, "input_shape": (1, 28, 28), "num_classes": 10,
                       "seed": 0, "separation": 6.0}
@@ -95,8 +113,10 @@ class Dataset:
     ``train_x`` (N, C, H, W) and ``test_x`` (M, C, H, W) float32; ``train_y``/``test_y``
     int64 in [0, num_classes); ``input_shape`` = (C, H, W); ``mean``/``std`` per channel
     in scaled [0, 1] units; ``source`` says where the data came from. Arrays are read-only.
+    ``kind`` is "classification" (a ``TextDataset``'s is "text").
     """
 
+    kind: ClassVar[str] = "classification"
     name: str
     train_x: np.ndarray
     train_y: np.ndarray
@@ -132,6 +152,11 @@ def canonical_name(name: str) -> str:
     return key
 
 
+def dataset_kind(name: str) -> str:
+    """"text" for a text dataset (loads as a ``TextDataset``), "classification" for the others."""
+    return "text" if canonical_name(name) in TEXT_DATASETS else "classification"
+
+
 def data_roots() -> list[str]:
     """Parent directories searched for datasets: $SSDMPI_DATA (if set), ./data, /usr/share/datasets."""
     roots = [os.environ["SSDMPI_DATA"]] if os.environ.get("SSDMPI_DATA") else []
@@ -144,6 +169,11 @@ def search_paths(name: str) -> list[str]:
     if name == "digits":
         from ssdmpi.data.digits import DIGITS_FILE
         return [DIGITS_FILE]
+    if name == "devils-dictionary":
+        from ssdmpi.data.corpora import DEVIL_FILE
+        return [DEVIL_FILE]
+    if name == "kjv":
+        return [os.path.join(root, "kjv", "kjv.txt") for root in data_roots()] + [BIBLE_DATA]
     if name not in _SUBDIR:
         return []
     return [os.path.join(root, _SUBDIR[name]) for root in data_roots()]
@@ -152,15 +182,22 @@ def search_paths(name: str) -> list[str]:
 def locate(name: str, path: str | None = None) -> str:
     """The directory or file to read ``name`` from; UserError listing what was tried if none."""
     name = canonical_name(name)
-    if name in ("digits", "synthetic"):
+    if name in ("digits", "synthetic", "devils-dictionary"):
         if path:
             raise UserError(f"dataset '{name}' takes no path (got {path}); it is "
-                            f"{'built in' if name == 'digits' else 'generated'}")
+                            f"{'generated' if name == 'synthetic' else 'built in'}")
         return ""
     if name == "hdf5":
         if not path:
             raise UserError("dataset 'hdf5' needs a path to the .h5 file (write one with 'ssdmpi data convert')")
         return os.path.abspath(path)
+    if name == "text":
+        if not path:
+            raise UserError("dataset 'text' needs a path to the .h5 file "
+                            "(write one with 'ssdmpi data convert text FILE... --out FILE.h5')")
+        return os.path.abspath(path)
+    if name == "kjv":
+        return _locate_file(name, path)
     if path:
         if not os.path.isdir(path):
             raise UserError(f"{name}: no such directory: {path}; to get the data, {how_to_get(name)}")
@@ -172,6 +209,24 @@ def locate(name: str, path: str | None = None) -> str:
     raise UserError(f"{name} not found; looked in {', '.join(tried)}; to get it, {how_to_get(name)}, "
                     "or pass its directory as the path")
 
+
+
+def _locate_file(name: str, path: str | None) -> str:
+    """A dataset read from one file (``kjv``): ``path`` (a file, or a directory holding the file's usual
+    name), else the first of ``search_paths`` that exists."""
+    if path:
+        if os.path.isdir(path):
+            path = next((os.path.join(path, f) for f in ("kjv.txt", "bible.data")
+                         if os.path.isfile(os.path.join(path, f))), os.path.join(path, "kjv.txt"))
+        if not os.path.isfile(path):
+            raise UserError(f"{name}: no such file: {path}; to get the data, {how_to_get(name)}")
+        return os.path.abspath(path)
+    tried = search_paths(name)
+    for candidate in tried:
+        if os.path.isfile(candidate):
+            return candidate
+    raise UserError(f"{name} not found; looked for {', '.join(tried)}; to get it, {how_to_get(name)}, "
+                    "or pass the file as the path")
 
 
 def how_to_get(name: str) -> str:
@@ -275,6 +330,8 @@ def reject_options(name: str, options: dict) -> None:
 def load_raw(name: str, path: str | None = None, **options) -> RawSplits:
     """Read dataset ``name`` without normalising it (validated: counts, shapes, label range)."""
     name = canonical_name(name)
+    if name in TEXT_DATASETS:
+        raise UserError(f"dataset '{name}' is text: load_dataset gives its tokens (they are stored as they are)")
     reject_options(name, options)
     where = locate(name, path)
     if name == "digits":
@@ -429,12 +486,29 @@ def _signature(name: str, where: str) -> tuple:
         return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file()))
 
 
-def load_dataset(name: str, path: str | None = None, **options) -> Dataset:
+def _read_text(name: str, where: str):
+    from ssdmpi.data import corpora
+    from ssdmpi.data.text import encode, from_tokens
+
+    if name == "text":
+        from ssdmpi.data.text_hdf5 import read_text_hdf5
+        return read_text_hdf5(where)
+    if name == "devils-dictionary":
+        where, data = corpora.DEVIL_FILE, corpora.read_devil()
+        licence, description = corpora.DEVIL_LICENCE, corpora.DEVIL_DESCRIPTION
+    else:
+        data, licence, description = corpora.read_kjv(where), corpora.KJV_LICENCE, corpora.KJV_DESCRIPTION
+    train, val = corpora.split(encode(data), corpora.VAL_FRACTION)
+    return from_tokens(name, train, val, source=where, licence=licence, description=description)
+
+
+def load_dataset(name: str, path: str | None = None, **options):
     """Load, validate and normalise dataset ``name`` (see the module docstring); cached per process.
 
-    ``path``: the dataset's directory (IDX, CIFAR-10) or file (HDF5); None to search the
-    default places. ``options``: only for ``synthetic``. Raises ``UserError`` (one line) on
-    missing or malformed data. Every rank calling this gets identical arrays.
+    ``path``: the dataset's directory (IDX, CIFAR-10) or file (HDF5, text HDF5, ``kjv``); None to
+    search the default places. ``options``: only for ``synthetic``. Returns a ``Dataset``, or a
+    ``TextDataset`` for a text dataset (``ssdmpi/data/text.py``). Raises ``UserError`` (one line)
+    on missing or malformed data. Every rank calling this gets identical arrays.
     """
     name = canonical_name(name)
     reject_options(name, options)
@@ -446,7 +520,7 @@ def load_dataset(name: str, path: str | None = None, **options) -> Dataset:
     key = (name, where, key_options, _signature(name, where))
     dataset = _CACHE.get(key)
     if dataset is None:
-        dataset = normalise(load_raw(name, path, **options))
+        dataset = _read_text(name, where) if name in TEXT_DATASETS else normalise(load_raw(name, path, **options))
         dataset.name = name
         _CACHE[key] = dataset
     return dataset

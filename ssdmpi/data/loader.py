@@ -24,6 +24,11 @@ global batch is split: a loader of ``W'`` ranks x ``W*B/W'`` resumed at the same
 continues the epoch with the same global batches, no sample dropped or repeated. No MPI
 in here: rank and world size are plain integers, so a single-process simulator can build
 one loader per simulated rank.
+
+``x`` and ``y`` are arrays, or sample sources whose samples are a pure function of the
+seed and the epoch: objects with ``len()`` and ``gather(indices, seed, epoch) -> array``
+(the text windows of ``ssdmpi/data/text.py``, which start at a per-epoch offset); the
+order, sharding, resume and prefetch above are the same for both.
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ class ShardedLoader:
     """This rank's mini-batches of ``(x, y)``, epoch after epoch (policy in the module docstring).
 
     Args:
-        x: (N, ...) float32 samples (e.g. ``Dataset.train_x``; not copied, not modified).
-        y: (N,) int64 labels.
+        x: (N, ...) float32 samples (e.g. ``Dataset.train_x``; not copied, not modified), or a
+            sample source (module docstring; e.g. ``TextDataset.train_windows(T)[0]``).
+        y: (N,) int64 labels, or a sample source.
         batch_size: per-rank batch size B.
         rank, world_size: this rank and the number of ranks (plain ints; no MPI here).
         seed: the data-order seed; must be the same on every rank.
@@ -132,8 +138,8 @@ class ShardedLoader:
         if not 0 <= step < self.steps_per_epoch or epoch < 0:
             raise ValueError(f"no step {step} in epoch {epoch} (steps_per_epoch={self.steps_per_epoch})")
         idx = self.indices(epoch, step)
-        xb = np.take(self.x, idx, axis=0)
-        yb = np.take(self.y, idx, axis=0)
+        xb, yb = (source.gather(idx, self.seed, epoch) if hasattr(source, "gather") else np.take(source, idx, axis=0)
+                  for source in (self.x, self.y))
         if self.augment is not None:
             offsets, flips = Augment.draws(self.augment_seed, epoch, step, self.global_batch_size)
             mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
