@@ -9,8 +9,9 @@ A run's ``checkpoints/`` holds
     best -> ckpt-00000100     the checkpoint whose global model had the best test accuracy
     .ckpt-00000140.partial-<token>/    being written (or left by a crash): never a checkpoint
 
-``commit`` renames a partial directory into place (a checkpoint of the same step already
-there is first renamed aside, then deleted: never overwritten in place); ``publish`` then
+``commit`` renames a partial directory into place; a checkpoint of the same step already there
+stays listed and readable until the new one has replaced it, and stays if that fails (it is
+never overwritten in place: see ``commit``); ``publish`` then
 points ``last`` and ``best`` and applies ``retain``: all but the newest ``keep`` checkpoints are
 deleted, whole, except those ``best`` and ``last`` point to. Every check here is serial (rank
 0 or a tool); ``select_resume(directory)`` picks the newest checkpoint that verifies and warns
@@ -19,6 +20,7 @@ about each one it skips.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -76,7 +78,19 @@ def list_checkpoints(directory: str) -> list:
         raise UserError(f"cannot list checkpoints in {directory}: {exc.strerror or exc}") from None
     found = [(int(m.group(1)), m.group(2) is None, os.path.join(directory, n))
              for n in names if (m := NAME_RE.match(n)) and not os.path.islink(os.path.join(directory, n))]
+    steps = {step for step, _, _ in found}
+    found += [(step, True, os.path.join(directory, n)) for n, step in _aside(names).items() if step not in steps]
     return [(step, path) for step, _, path in sorted(found)]
+
+
+ASIDE_RE = re.compile(r"^\.ckpt-(\d{8,})\.old-[0-9a-f]+$")
+
+
+def _aside(names) -> dict:
+    """``{name: step}`` of the checkpoints ``commit`` renamed aside (where the file system cannot
+    exchange two names): listed under that name while no ``ckpt-<step>`` exists (a crash between
+    ``commit``'s two renames), so that the old checkpoint is never lost to its replacement."""
+    return {n: int(m.group(1)) for n in names if (m := ASIDE_RE.match(n))}
 
 
 def select_resume(directory: str, warn=None, deep: bool = True) -> str | None:
@@ -159,19 +173,55 @@ def remove_partial(path: str) -> None:
 
 
 def commit(partial: str, final: str) -> str:
-    """Rename the complete ``partial`` directory to ``final`` (a checkpoint already there is renamed
-    aside first and deleted after); fsync; return ``final``."""
+    """Rename the complete ``partial`` directory to ``final``; fsync; return ``final``.
+
+    A checkpoint already at ``final`` (the same step written again) is replaced whole and never
+    lost to its replacement: where the file system can (Linux ``renameat2``), the two names are
+    exchanged in one atomic rename and the old one, now at ``partial``'s name, is deleted after;
+    elsewhere it is renamed aside (``.ckpt-<step>.old-<token>``, listed while ``final`` is
+    missing), the new one renamed into place, and the old one deleted after, or renamed back if
+    that rename fails. If the rename fails, the old checkpoint is where it was and the error is
+    raised."""
     directory = os.path.dirname(final)
     _fsync_dir(partial)
-    old = None
-    if os.path.lexists(final):
+    if not os.path.lexists(final):
+        os.rename(partial, final)
+        _fsync_dir(directory)
+        return final
+    if _exchange(partial, final):
+        old = partial
+    else:
         old = os.path.join(directory, f".{os.path.basename(final)}.old-{secrets.token_hex(4)}")
         os.rename(final, old)
-    os.rename(partial, final)
+        try:
+            os.rename(partial, final)
+        except BaseException:
+            os.rename(old, final)
+            raise
     _fsync_dir(directory)
-    if old is not None:
-        _remove(old)
+    _remove(old)
     return final
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100     # linux/fs.h, fcntl.h
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the names ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where the
+    system or the file system cannot (then nothing changed). Another failure is raised."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"{os.strerror(err)}: cannot exchange {a} and {b}")
 
 
 def _remove(path: str) -> None:
@@ -216,7 +266,11 @@ def _evaluated_accuracy(path: str) -> float | None:
 
 def publish(directory: str, newest: str, keep: int) -> None:
     """After ``newest`` was committed: ``last`` points to it, ``best`` to the checkpoint with the
-    best evaluated accuracy (the newer on a tie), then ``retain``; stale partial directories go."""
+    best evaluated accuracy (the newer on a tie), then ``retain``; stale partial directories go (a
+    checkpoint ``commit`` renamed aside and whose replacement never arrived is renamed back first)."""
+    for name, step in _aside(os.listdir(directory)).items():
+        if not os.path.lexists(os.path.join(directory, checkpoint_name(step))):
+            os.rename(os.path.join(directory, name), os.path.join(directory, checkpoint_name(step)))
     _point(directory, LAST, newest)
     best, best_acc = None, None
     for _step, path in list_checkpoints(directory):

@@ -59,6 +59,12 @@ def meta(step: int, n: int, **extra) -> dict:
 def write(directory, step: int, n: int = 3, acc=None, **more) -> str:
     """A complete checkpoint of ``n`` ranks, each rank's file written as that rank writes it
     (``more``: more metadata, e.g. ``workers``)."""
+    partial = write_partial(directory, step, n, acc, **more)
+    return store.commit(partial, os.path.join(str(directory), store.checkpoint_name(step)))
+
+
+def write_partial(directory, step: int, n: int = 3, acc=None, **more) -> str:
+    """``write``'s partial directory, complete with its manifest, not yet committed."""
     partial = store.partial_name(str(directory), step, store.new_token())
     os.makedirs(partial)
     files, shared, aliases = {}, {}, {}
@@ -69,7 +75,7 @@ def write(directory, step: int, n: int = 3, acc=None, **more) -> str:
         shared, aliases = snap.shared, snap.aliases
     extra = dict(more, **({"eval": {"test_acc": acc}} if acc is not None else {}))
     sharded.write_manifest(partial, dict(meta(step, n, **extra), world_size=n), files, shared, aliases)
-    return store.commit(partial, os.path.join(str(directory), store.checkpoint_name(step)))
+    return partial
 
 
 def assert_same(a, b):
@@ -207,6 +213,75 @@ def test_commit_replaces_a_checkpoint_of_the_same_step_whole_and_never_in_place(
     assert again == first and checkpoint.read_meta(again)["world_size"] == 3
     assert os.stat(os.path.join(again, "rank-0000.h5")).st_ino != inode
     assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010"]
+
+
+def listed(directory) -> list:
+    """``(step, world size)`` of every listed checkpoint, each verified (deep)."""
+    out = []
+    for step, path in checkpoint.list_checkpoints(directory):
+        assert checkpoint.verify(path) == [], path
+        out.append((step, checkpoint.read_meta(path)["world_size"]))
+    return out
+
+
+def test_a_failing_commit_over_the_same_step_keeps_the_old_checkpoint_listed(tmp_path, monkeypatch):
+    """The atomic exchange of the two names fails (the file system's error): the old checkpoint of
+    step 10 is still the one listed, whole; the new one stays in its partial directory."""
+    final = write(tmp_path, 10, n=2)
+    partial = write_partial(tmp_path, 10, n=3)
+
+    def failing(a, b):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store, "_exchange", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        store.commit(partial, final)
+    assert listed(tmp_path) == [(10, 2)] and checkpoint.select_resume(tmp_path) == final
+    assert checkpoint.read_meta(partial)["world_size"] == 3
+    monkeypatch.undo()
+    assert store.commit(partial, final) == final and listed(tmp_path) == [(10, 3)]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010"]
+
+
+def test_without_an_exchange_the_old_checkpoint_is_listed_aside_and_renamed_back_if_the_rename_fails(
+        tmp_path, monkeypatch):
+    """Where the file system cannot exchange two names: while the new checkpoint is renamed into
+    place, the old one is listed (renamed aside); if that rename fails, it is back at its name."""
+    final = write(tmp_path, 10, n=2)
+    monkeypatch.setattr(store, "_exchange", lambda a, b: False)
+    rename, seen = os.rename, []
+
+    def rename_into_place(src, dst, fail):
+        if src.startswith(str(tmp_path / ".ckpt-00000010.partial-")):
+            seen.append(listed(tmp_path))        # the old one, renamed aside: still listed and whole
+            if fail:
+                raise OSError(28, "No space left on device")
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", lambda src, dst: rename_into_place(src, dst, fail=True))
+    partial = write_partial(tmp_path, 10, n=3)
+    with pytest.raises(OSError, match="No space left"):
+        store.commit(partial, final)
+    assert seen == [[(10, 2)]] and listed(tmp_path) == [(10, 2)]
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".ckpt-00000010.partial-")) == ["ckpt-00000010"]
+    monkeypatch.setattr(os, "rename", lambda src, dst: rename_into_place(src, dst, fail=False))
+    assert store.commit(partial, final) == final
+    assert seen[1:] == [[(10, 2)]] and listed(tmp_path) == [(10, 3)]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010"]
+
+
+def test_a_checkpoint_renamed_aside_by_a_commit_that_crashed_is_listed_and_put_back(tmp_path):
+    """A crash between the fallback's two renames leaves the old checkpoint under its aside name
+    only: it is listed (resume finds it), and the next publish renames it back."""
+    old = write(tmp_path, 10, n=2)
+    aside = str(tmp_path / ".ckpt-00000010.old-0123abcd")
+    os.rename(old, aside)
+    assert checkpoint.list_checkpoints(tmp_path) == [(10, aside)]
+    assert checkpoint.select_resume(tmp_path) == aside
+    newer = write(tmp_path, 20, n=2)
+    store.publish(str(tmp_path), newer, keep=0)
+    assert checkpoint.list_checkpoints(tmp_path) == [(10, old), (20, newer)] and listed(tmp_path) == [(10, 2), (20, 2)]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010", "ckpt-00000020", "last"]
 
 
 def test_best_and_last_links_and_retention_of_whole_checkpoints(tmp_path):
@@ -375,6 +450,33 @@ def test_a_failing_writer_is_a_user_error_at_the_commit_and_the_previous_checkpo
     assert info.value.collective
     assert sorted(os.listdir(tmp_path)) == ["ckpt-00000003", "last"]      # the partial directory removed
     assert checkpoint.select_resume(str(tmp_path)) == str(tmp_path / "ckpt-00000003")
+
+
+@pytest.mark.parametrize("failure", ["write", "rename"])
+def test_a_checkpoint_of_the_same_step_written_again_stays_when_the_write_or_the_rename_fails(
+        tmp_path, monkeypatch, failure):
+    """The writer commits step 3 again (a run resumed from an older checkpoint reaches it again):
+    if the new write or its rename fails, the collective error says so and the first step-3
+    checkpoint is still the one listed, with its own weights; a later commit replaces it."""
+    comm = OneRank()
+    with CheckpointWriter(str(tmp_path)) as writer:
+        writer.save(comm, 3, meta(3, 1), one_rank_state(1.0), ("algo/W", "algo/M"), background=False)
+
+        def full_disk(*args):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(sharded, "write_rank_file", full_disk) if failure == "write" else \
+            monkeypatch.setattr(store, "_exchange", full_disk)
+        with pytest.raises(UserError, match="cannot write checkpoint ckpt-00000003: .*No space left on device"):
+            writer.save(comm, 3, meta(3, 1), one_rank_state(2.0), ("algo/W", "algo/M"), background=False)
+        assert sorted(os.listdir(tmp_path)) == ["ckpt-00000003", "last"]
+        assert checkpoint.list_checkpoints(tmp_path) == [(3, str(tmp_path / "ckpt-00000003"))]
+        _, weights, _ = checkpoint.read_model(checkpoint.select_resume(str(tmp_path)))
+        assert np.array_equal(weights, np.full(50, 1.0))
+        monkeypatch.undo()
+        writer.save(comm, 3, meta(3, 1), one_rank_state(3.0), ("algo/W", "algo/M"), background=False)
+    _, weights, _ = checkpoint.read_model(str(tmp_path / "last"))
+    assert np.array_equal(weights, np.full(50, 3.0)) and sorted(os.listdir(tmp_path)) == ["ckpt-00000003", "last"]
 
 
 def test_the_manifest_records_the_evaluation_of_its_own_step_only(tmp_path):
