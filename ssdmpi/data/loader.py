@@ -69,8 +69,9 @@ class ShardedLoader:
         augment: an ``Augment``, a spec string such as ``"crop4,flip"``, or None. Needs (N, C, H, W) x.
         prefetch: build the next batch on a background thread while the caller works.
 
-    ``next_batch()`` returns new host arrays ``(xb (B, ...) float32, yb (B,) int64)`` that the
-    caller owns. ``epoch`` and ``step_in_epoch`` give the position of the NEXT batch.
+    ``next_batch()`` returns new host arrays ``(xb (B, ...) float32, yb (B,) int64)`` (from sample
+    sources: what their ``gather`` returns, e.g. text windows (B, T) int64 each) that the caller
+    owns. ``epoch`` and ``step_in_epoch`` give the position of the NEXT batch.
     """
 
     def __init__(self, x, y, batch_size: int, rank: int, world_size: int, seed: int, augment=None,

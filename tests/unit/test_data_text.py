@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from ssdmpi.data import ShardedLoader, datasets, load_dataset
+from ssdmpi.data import ShardedLoader, corpora, datasets, load_dataset
 from ssdmpi.data.text import TextDataset, decode, encode, from_tokens, windows_per_epoch
 from ssdmpi.errors import UserError
 from tests.conftest import run_cli
@@ -247,10 +247,14 @@ def test_the_built_in_corpus_ships_with_its_licence():
 
 
 def kjv_source():
+    """The KJV's file, or why there is none to read."""
     try:
-        return datasets.locate("kjv")
+        path = datasets.locate("kjv")
     except UserError as exc:
         return str(exc)
+    if corpora.is_bible_data(path) and corpora.bible_program() is None:
+        return f"{path} is there but not Debian's bible program that reads it (apt-get install bible-kjv)"
+    return path
 
 
 @pytest.mark.skipif(not os.path.isfile(kjv_source()), reason=f"the KJV is not installed: {kjv_source()}")
@@ -278,6 +282,22 @@ def test_kjv_when_missing_says_where_it_looked_and_how_to_get_it(tmp_path, monke
     ds = load_dataset("kjv")
     assert ds.source == str(tmp_path / "kjv" / "kjv.txt")
     assert bytes(ds.train_tokens) + bytes(ds.val_tokens) == verses.encode()
+
+
+def test_debians_bible_data_without_its_program_says_what_to_install(tmp_path, monkeypatch):
+    fake = tmp_path / "bible.data"
+    fake.write_bytes(b"EC02Compressed Data File" + bytes(100))
+    monkeypatch.setattr(corpora, "bible_program", lambda: None)
+    with pytest.raises(UserError, match="apt-get install bible-kjv"):
+        load_dataset("kjv", str(tmp_path))
+
+
+@pytest.mark.skipif(corpora.bible_program() is None, reason="Debian's bible program (bible-kjv) is not installed")
+def test_a_broken_bible_data_file_is_a_one_line_error(tmp_path):
+    fake = tmp_path / "bible.data"
+    fake.write_bytes(b"EC02Compressed Data File" + bytes(100))
+    with pytest.raises(UserError, match="not the 31,102 of the whole Bible"):
+        load_dataset("kjv", str(fake))
 
 
 def test_dataset_kinds_and_that_image_consumers_get_a_one_line_error():
