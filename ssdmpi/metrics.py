@@ -6,7 +6,8 @@ flushed as it happens, so a crashed or preempted run keeps what it logged (a res
 run appends to the same file). Two kinds of record:
 
 ``{"kind": "step", ...}`` every ``--log-every`` steps, averaged over the interval and ranks:
-    step (iterations done), epoch (fractional), stage (warmup | delay | ssgd | ...),
+    step (iterations done), epoch (fractional), stage (``sync`` for ssgd, which has no delay stage;
+    ``warmup`` then ``delay`` for the others, ``warmup`` then ``async`` for asgd),
     time (wall seconds of the run so far, across resumes, including evaluations and
     checkpoints), train_s (the same counting training steps only), loss (mean training loss),
     lr, lr_local, samples_per_s (all ranks), step_s (wall seconds per step),
@@ -18,8 +19,8 @@ run appends to the same file). Two kinds of record:
     (the servers take no steps) and staleness_mean / staleness_max (over the interval's
     server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.run.loop.step_record``
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
-    step, epoch, stage, time, train_s, test_acc, test_loss (the global model W), and in the delay
-    stage test_acc_local, test_loss_local (rank 0's local model L)
+    step, epoch, stage, time, train_s, eval_s (the seconds this evaluation took), test_acc, test_loss
+    (the global model W), and in the delay stage test_acc_local, test_loss_local (rank 0's local model L)
 
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
 placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (when one
@@ -33,7 +34,12 @@ warm-up's ``compute_s``, ``allreduce_s`` and ``update_s`` and the probed ``allre
 ``ssdmpi/algos/auto_delay.py``). ``ssdmpi plot`` reads these
 files; ``--csv`` and ``--tensorboard`` write the step and eval records again for other tools
 (ssdmpi/loggers.py).
-``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end.
+``summary.txt`` (for people) and ``summary.json`` (for scripts) are written at the end. Besides the
+run's description, its last evaluation and its per-step means, ``summary.json`` holds ``time`` (wall
+seconds to the last step, across resumes), ``wall_s`` (the same to the end: the final evaluation and
+checkpoint included), ``train_s`` (training steps only) and ``eval_s`` (evaluations), ``samples_per_s``
+(training steps only, all ranks), ``best`` (the best evaluation: ``metric``, ``value``, ``step``;
+``best_eval``) and ``stage``.
 """
 
 from __future__ import annotations
@@ -76,24 +82,36 @@ def _clean(v):
 
 
 class Progress:
-    """Rank 0's display: a tqdm bar on a terminal, plain lines otherwise (Slurm logs).
+    """Rank 0's display, on ``stream`` (stdout): messages (the evaluation lines, notes), step lines
+    when ``step_lines`` (the trainer asks for them when ``--log-every`` is given), and, when ``bar``
+    is asked for and ``stream`` is a terminal whose width is known (``terminal_width``), a progress
+    bar that redraws in place on one line (messages are written above it, so they do not break it).
 
-    The bar goes to stderr (as tqdm's do); plain lines and messages to stdout (with a bar,
-    messages are written through tqdm so they do not break it).
+    Under ``mpiexec`` a rank's stdout is a pipe to the launcher even when the launcher writes to a
+    terminal: its width is unknown there, a bar longer than the terminal wraps and every redraw
+    scrolls, so there is no bar and no carriage return; the evaluation lines say how far the run is.
 
-    ``update(step, fields)`` moves the bar to ``step`` (or, without a bar, prints one line
-    per call: the trainer calls it every ``--log-every`` steps). ``message(text)`` prints
-    a line without breaking the bar. ``enabled=False`` (other ranks) makes all of it silent.
+    ``update(step, fields)`` (every ``--log-every`` steps) sets the bar's figures and prints the step
+    line; ``advance(step)`` only moves the bar; ``message(text)`` prints a line. ``enabled=False``
+    (other ranks) makes all of it silent.
     """
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True, bar: bool = True, stream=None):
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True, bar: bool = True, stream=None,
+                 step_lines: bool = False):
         self.enabled, self.total, self.stream = enabled, total, stream or sys.stdout
+        self.step_lines = step_lines
         self._bar = None
-        if enabled and bar:
+        width = terminal_width(self.stream) if enabled and bar else None
+        if width is not None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, file=sys.stderr, unit="step",
-                             dynamic_ncols=True, leave=True)
+            # dynamic_ncols follows a resized terminal; it asks the terminal itself, so only where
+            # the terminal answers (a width from $COLUMNS stays fixed). nrows: a terminal that gives
+            # no size would otherwise make tqdm hide its one bar as if it were below the screen.
+            self._bar = tqdm(total=total, initial=initial, file=self.stream, unit="step", ncols=width,
+                             dynamic_ncols=_asked_width(self.stream) is not None, nrows=24, leave=True,
+                             bar_format="{percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}"
+                                        "{postfix}]")
 
     def update(self, step: int, fields: dict) -> None:
         if not self.enabled:
@@ -103,9 +121,9 @@ class Progress:
             self._bar.n = step
             self._bar.set_postfix_str(text, refresh=False)
             self._bar.refresh()
-        else:
+        if self.step_lines:
             width = len(str(self.total))
-            print(f"step {step:>{width}}/{self.total}  {text}", file=self.stream, flush=True)
+            self.message(f"step {step:>{width}}/{self.total}  {text}")
 
     def advance(self, step: int) -> None:
         """Move the bar to ``step`` (cheap: tqdm redraws at most a few times a second); no line."""
@@ -116,9 +134,13 @@ class Progress:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.write(text, file=sys.stderr)
+            self._bar.write(text, file=self.stream)
         else:
             print(text, file=self.stream, flush=True)
+
+    @property
+    def has_bar(self) -> bool:
+        return self._bar is not None
 
     def close(self) -> None:
         if self._bar is not None:
@@ -126,33 +148,29 @@ class Progress:
             self._bar = None
 
 
-_LAUNCHERS = ("mpiexec", "mpirun", "mpiexec.hydra", "orterun", "prterun", "hydra_pmi_proxy", "prted", "orted")
+def terminal_width(stream) -> int | None:
+    """The width in columns of the terminal ``stream`` writes to; None when ``stream`` is not a
+    terminal (a pipe, a file) or the terminal does not say. The terminal's own answer, else
+    ``$COLUMNS``; never a guess (``shutil.get_terminal_size`` answers 80 when it does not know)."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError, OSError):
+        return None
+    asked = _asked_width(stream)
+    if asked is not None:
+        return asked
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
 
 
-def launcher_on_terminal(max_depth: int = 4) -> bool:
-    """True when an MPI launcher among this process's ancestors writes to a terminal.
-
-    Under ``mpiexec`` a rank's stderr is a pipe to the launcher, which copies it to its own
-    stderr byte for byte; so when ``mpiexec`` itself runs on a terminal (an interactive
-    ``mpiexec -n 4 ssdmpi train``) a progress bar renders fine. In batch jobs (Slurm
-    output files, pipes) it does not, and plain lines are printed instead. Linux /proc
-    only; False elsewhere.
-    """
-    pid = os.getpid()
-    for _ in range(max_depth):
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid <= 1:
-                return False
-            with open(f"/proc/{ppid}/comm", encoding="ascii", errors="replace") as f:
-                name = f.read().strip()
-            if name in _LAUNCHERS and name not in ("hydra_pmi_proxy", "prted", "orted"):
-                return os.readlink(f"/proc/{ppid}/fd/2").startswith(("/dev/pts/", "/dev/tty"))
-        except (OSError, ValueError, IndexError):
-            return False
-        pid = ppid
-    return False
+def _asked_width(stream) -> int | None:
+    """The terminal's own answer for its width (TIOCGWINSZ); None when it gives none (or 0)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return None
+    return columns if columns > 0 else None
 
 
 def _fmt(key: str, v) -> str:
@@ -186,28 +204,25 @@ def write_summary(run_dir: str, summary: dict) -> tuple[str, str]:
 
 
 def summary_text(s: dict) -> str:
-    """The human summary printed at the end of ``ssdmpi train``."""
+    """The human summary printed at the end of ``ssdmpi train`` (from ``summary.json``'s fields)."""
     lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {counted(s.get('world_size'), 'rank')}, "
              f"model {s.get('model')} ({s.get('num_params')} parameters), dataset {s.get('dataset')}"]
-    lines.append(f"  steps {s.get('step')} ({s.get('epoch', 0):.2f} epochs), wall time "
-                 f"{format_duration(s.get('time', 0.0))}, {s.get('samples_per_s', 0.0):.0f} samples/s")
+    lines.append("  " + _time_line(s))
+    if s.get("samples_per_s") is not None:
+        lines.append(f"  samples/s (training only, all ranks): {s['samples_per_s']:.0f}")
     if s.get("test_acc") is not None:
-        lines.append(f"  test accuracy (global model W): {s['test_acc']:.2%}  "
-                     f"loss {s.get('test_loss', float('nan')):.4f}")
+        best = f", best {best_text(s['best'])}" if s.get("best") else ""
+        lines.append(f"  test accuracy (global model W): final {s['test_acc']:.2%} "
+                     f"(loss {s.get('test_loss', float('nan')):.4f}){best}")
     if s.get("test_acc_local") is not None:
-        lines.append(f"  test accuracy (rank 0's local model L): {s['test_acc_local']:.2%}")
+        lines.append(f"  test accuracy (rank 0's local model L): final {s['test_acc_local']:.2%}")
     if s.get("compute_s") is not None:
-        lines.append(f"  per step: compute {s['compute_s'] * 1e3:.2f} ms, "
+        lines.append(f"  per step (mean over ranks): compute {s['compute_s'] * 1e3:.2f} ms, "
                      f"in flight {s.get('inflight_s', 0) * 1e3:.2f} ms, "
                      f"exposed wait {s.get('wait_s', 0) * 1e3:.2f} ms, {s.get('bytes_sent', 0) / 1e6:.3f} MB sent")
-    if s.get("delay_auto"):
-        d = s["delay_auto"]
-        merge = f", d = {d['merge_delay']}" if d.get("merge_delay") is not None else ""
-        lines.append(f"  delay auto: k = {d.get('delay')}{merge} (chosen at step {d.get('step')}: compute "
-                     f"{d.get('compute_s', 0) * 1e3:.1f} ms, allreduce {d.get('allreduce_s', 0) * 1e3:.1f} ms "
-                     f"per step, {d.get('allreduce_cpu_s', 0) * 1e3:.1f} ms CPU in flight, update "
-                     f"{d.get('update_s', 0) * 1e3:.1f} ms)")
     lines += _breakdown_lines(s)
+    if s.get("delay_auto"):
+        lines.append("  " + delay_auto_line(s["delay_auto"]))
     if s.get("placement"):
         lines.append(f"  rank 0: {s['placement']}")
     for resize in s.get("resized") or []:
@@ -219,6 +234,55 @@ def summary_text(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _time_line(s: dict) -> str:
+    """``steps 440 (20.00 epochs) in 1.9 s: training 1.2 s, evaluation 0.4 s, checkpoints and other 0.3 s``:
+    the run's wall time (``wall_s``, else ``time``) and, where the summary has them, its parts."""
+    wall = float(s.get("wall_s", s.get("time")) or 0.0)
+    text = f"steps {s.get('step')} ({s.get('epoch', 0):.2f} epochs) in {format_duration(wall)}"
+    parts = [(name, float(s[key])) for key, name in (("train_s", "training"), ("eval_s", "evaluation"))
+             if s.get(key) is not None]
+    if not parts:
+        return text
+    parts.append(("checkpoints and other", max(0.0, wall - sum(seconds for _, seconds in parts))))
+    return text + ": " + ", ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts)
+
+
+def delay_auto_line(d: dict) -> str:
+    """The line saying what ``--delay auto`` chose, from its ``kind: delay`` record (the display and the
+    summary; the rule itself: docs/ALGORITHM.md section 12)."""
+    merge = f", d = {d['merge_delay']}" if d.get("merge_delay") is not None else ""
+    return (f"delay auto: k = {d.get('delay')}{merge} (chosen at step {d.get('step')}: compute "
+            f"{d.get('compute_s', 0) * 1e3:.1f} ms, allreduce {d.get('allreduce_s', 0) * 1e3:.1f} ms "
+            f"per step, {d.get('allreduce_cpu_s', 0) * 1e3:.1f} ms CPU in flight, update "
+            f"{d.get('update_s', 0) * 1e3:.1f} ms)")
+
+
+# Which evaluation of a run is its best: metric -> True where higher is better. The first metric an
+# evaluation record carries decides (a run evaluated on a validation loss adds ``"val_loss": False``).
+BEST_METRICS = {"test_acc": True}
+
+
+def best_eval(evals, best: dict | None = None) -> dict | None:
+    """The best of the evaluation records ``evals`` (oldest first), after ``best`` (the best so far, or
+    None): ``{"metric", "value", "step"}`` by ``BEST_METRICS``; a tie goes to the later evaluation (as
+    the checkpoints' ``best`` link does). None when no record carries a metric."""
+    for record in evals:
+        metric = next((m for m in BEST_METRICS if record.get(m) is not None), None)
+        if metric is None:
+            continue
+        value = float(record[metric])
+        if best is None or best.get("metric") != metric or (
+                value >= best["value"] if BEST_METRICS[metric] else value <= best["value"]):
+            best = {"metric": metric, "value": value, "step": record.get("step")}
+    return best
+
+
+def best_text(best: dict) -> str:
+    """``92.50% at step 572`` (an accuracy), ``val_loss 1.234 at step 572`` (another metric)."""
+    value = f"{best['value']:.2%}" if best["metric"] == "test_acc" else f"{best['metric']} {best['value']:.4g}"
+    return f"{value} at step {best.get('step')}"
+
+
 def _breakdown_lines(s: dict) -> list:
     """The summary's step breakdown line (ssdmpi/phases.py), when the run logged one."""
     from ssdmpi.phases import BREAKDOWN, LABELS
@@ -226,7 +290,7 @@ def _breakdown_lines(s: dict) -> list:
     if s.get("step_s") is None or any(s.get(k) is None for k in BREAKDOWN):
         return []
     parts = ", ".join(f"{LABELS[k]} {s[k] * 1e3:.2f}" for k in BREAKDOWN)
-    return [f"  step {s['step_s'] * 1e3:.2f} ms = {parts} ms (per step, mean over ranks)"]
+    return [f"  step {s['step_s'] * 1e3:.2f} ms = {parts} ms"]
 
 
 def _atomic_write(path: str, text: str) -> None:

@@ -15,7 +15,7 @@ from ssdmpi import backend
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT
 from ssdmpi.phases import BREAKDOWN, breakdown, clock
 from ssdmpi.run.job import Job, Stop
-from ssdmpi.run.report import Reporter
+from ssdmpi.run.report import Reporter, shown_stage
 from ssdmpi.version import __version__
 
 # Per-step means summed (weighted by steps) into ``state.totals`` for the run summary.
@@ -251,7 +251,7 @@ def interval_end(job: Job) -> dict:
     """What a step record says about the end of its interval: ``step``, ``epoch``, ``stage``,
     ``time``, ``lr``, ``lr_local`` (the lr the next iteration steps with), as they are now."""
     algo, state = job.algo, job.state
-    return {"step": state.step, "epoch": state.step / job.E, "stage": algo.stage, "time": state.time_s(),
+    return {"step": state.step, "epoch": state.step / job.E, "stage": shown_stage(algo), "time": state.time_s(),
             "lr": algo.lr_global, "lr_local": algo.lr_local}
 
 
@@ -270,8 +270,7 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int, at: dict
     out.write(record)
     out.step_logged(record)
     out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": at["stage"], "loss": record["loss"],
-                               "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0),
-                               "test_acc": state.last_eval.get("test_acc")})   # of the last evaluation
+                               "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0)})
 
 
 class LaggedSums:
@@ -337,7 +336,8 @@ def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None, r
         tree, replicated = state.state_dict(copy=False), state.replicated()
     if weights is None and "algo/W" not in replicated:
         weights = algo.global_weights()
-    meta = {"epoch": state.step / E, "stage": algo.stage, "model": cfg.model, "num_params": int(job.model.params.size),
+    meta = {"epoch": state.step / E, "stage": shown_stage(algo), "model": cfg.model,
+            "num_params": int(job.model.params.size),
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
             "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc"), "workers": job.workers,
             "global_batch": cfg.batch_size * job.workers,
@@ -353,15 +353,18 @@ def committed(job: Job, out: Reporter, record: dict) -> None:
 
 
 def evaluate_now(job: Job, out: Reporter) -> dict:
-    """Collective: drain, evaluate on the test split, log and show the result; return it."""
+    """Collective: drain, evaluate on the test split, log and show the result (one line); return it."""
+    t0 = time.monotonic()
     job.algo.drain()
     result = job.evaluator()
     step, E, state = job.state.step, job.E, job.state
     job.checkpoints.evaluated(step, result)       # a checkpoint of this step records it (and may be the best)
-    out.write({"kind": "eval", "step": step, "epoch": step / E, "stage": job.algo.stage, "time": state.time_s(),
-               "train_s": state.train_s(), **result})
-    text = f"eval  step {step}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  loss {result['test_loss']:.4f}"
+    out.write({"kind": "eval", "step": step, "epoch": step / E, "stage": shown_stage(job.algo), "time": state.time_s(),
+               "train_s": state.train_s(), "eval_s": time.monotonic() - t0, **result})
+    width = len(str(job.total_steps))
+    text = (f"eval  step {step:>{width}}/{job.total_steps}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  "
+            f"loss {result['test_loss']:.4f}")
     if "test_acc_local" in result:
-        text += f"  (rank 0's local model: {result['test_acc_local']:.2%})"
+        text += f"  (rank 0's local model L: {result['test_acc_local']:.2%})"
     out.message(text)
     return result

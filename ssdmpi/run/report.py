@@ -1,37 +1,53 @@
 """What rank 0 tells the user during ``ssdmpi train``: ``config.yaml``, ``metrics.jsonl`` and the
 loggers beside it (``--csv``, ``--tensorboard``: ssdmpi/loggers.py), the progress display and the
-line that opens a run (``Reporter``). Other ranks get a silent one."""
+lines that open a run (``Reporter``), the stage as a run shows it (``shown_stage``) and the note on
+an exposed wait (``ExposedWait``). Other ranks get a silent one.
+
+What a default run prints: the opening lines, one line per evaluation, a progress bar where stdout
+is a terminal (``ssdmpi/metrics.py``'s ``Progress``), the notes, the summary; step lines only when
+``--log-every`` is given or ``--no-progress-bar`` asks for lines instead of a bar. No line of a
+default run passes 160 characters (a long run directory name can make one longer)."""
 
 from __future__ import annotations
 
 import os
-import sys
 
-from ssdmpi import backend, loggers
+from ssdmpi import backend, loggers, metrics
 from ssdmpi.algos import registry
 from ssdmpi.algos.auto_delay import steps_to_hide
 from ssdmpi.config import changed_settings
-from ssdmpi.metrics import MetricsLog, Progress, atomic_write, counted, launcher_on_terminal
+from ssdmpi.metrics import MetricsLog, Progress, atomic_write, counted, delay_auto_line
 from ssdmpi.run.job import Job
 from ssdmpi.run.setup import trim_metrics
 from ssdmpi.version import __version__
 
 
+def shown_stage(algo) -> str:
+    """The stage a run's records, display and summary name: the algorithm's own (``warmup``, then
+    ``delay`` or ``async``), but ``sync`` for one without a delay stage (ssgd: it synchronises every
+    step; the algorithm itself calls that ``warmup``)."""
+    return algo.stage if getattr(algo, "has_delay_stage", True) else "sync"
+
+
 class Reporter:
     """Rank 0's side of a run: ``config.yaml``, ``metrics.jsonl`` and the ``--csv`` /
     ``--tensorboard`` loggers (``write`` sends every record to each), the progress display
-    (``progress``, ``message``). Other ranks get a silent one. A context manager: leaving
-    closes the display, the metrics file and the loggers."""
+    (``progress``, ``message``; step lines when ``step_lines``, the trainer's word that ``--log-every``
+    was given, or with ``--no-progress-bar``), and what the summary takes from
+    the evaluations of the whole run, resumed parts included (``best``, ``eval_s``). Other ranks get
+    a silent one. A context manager: leaving closes the display, the metrics file and the loggers."""
 
-    def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None):
+    def __init__(self, job: Job, comm, ckpt_path: str | None, ckpt_meta: dict | None, step_lines: bool = False):
         cfg, step = job.cfg, job.state.step
         self.log, self.loggers, self._job = None, [], job
+        self.best, self.eval_s = None, 0.0      # of the evaluations so far (rank 0)
         self._exposed = ExposedWait(job)
         job.algo.on_delay_chosen = self.delay_chosen     # --delay auto: told when k is chosen
         if comm.rank == 0:
             metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
             if ckpt_path is not None:
                 trim_metrics(metrics_path, step)
+                self._evaluated([r for r in loggers.read_records(metrics_path) if r.get("kind") == "eval"])
             self._write_config()
             self.log = MetricsLog(metrics_path)
             self.loggers = loggers.open_loggers(cfg, step if ckpt_path is not None else None)
@@ -39,10 +55,13 @@ class Reporter:
                             "resumed_from": ckpt_path, "version": __version__, "backend": backend.reason(),
                             "progress": comm.strategy, "steps_per_epoch": job.E, "total_steps": job.total_steps,
                             "num_params": int(job.model.params.size), "placement": job.placement.as_dict(),
+                            "workers": job.workers, "global_batch": cfg.batch_size * job.workers,
                             "config": cfg.to_dict()})
-        show_bar = cfg.progress_bar and (sys.stderr.isatty() or launcher_on_terminal())
-        self.progress = Progress(job.total_steps, initial=step, enabled=comm.rank == 0, bar=show_bar)
-        self.message(_intro(job, comm.size, ckpt_path))
+        # --no-progress-bar asks for plain periodic lines instead of a bar
+        self.progress = Progress(job.total_steps, initial=step, enabled=comm.rank == 0, bar=cfg.progress_bar,
+                                 step_lines=step_lines or not cfg.progress_bar)
+        for line in _intro(job, comm.size, ckpt_path):
+            self.message(line)
         self.message(f"rank 0: {job.placement.describe()}")
         if job.placement.shared_gpu:
             self.message(f"note: {job.placement.shared_gpu}")
@@ -64,7 +83,7 @@ class Reporter:
         """``--delay auto`` chose ``k`` (every rank calls this): the metrics record, the display line,
         config.yaml's note."""
         self.write(choice.record())
-        self.message(choice.text())
+        self.message(delay_auto_line(choice.record()))
         if self.log is not None:
             self._write_config()
 
@@ -77,11 +96,18 @@ class Reporter:
     def write(self, record: dict) -> None:
         if self.log is not None:
             self.log.write(record)
+            if record.get("kind") == "eval":
+                self._evaluated([record])
         for logger in self.loggers:
             logger.write(record)
 
     def message(self, text: str) -> None:
         self.progress.message(text)
+
+    def _evaluated(self, records: list) -> None:
+        """Count evaluation records (of this part of the run, or read back from before a resume)."""
+        self.best = metrics.best_eval(records, self.best)
+        self.eval_s += sum(float(r.get("eval_s") or 0.0) for r in records)
 
     def __enter__(self) -> Reporter:
         return self
@@ -94,16 +120,19 @@ class Reporter:
             self.log.close()
 
 
-def _intro(job: Job, size: int, ckpt_path: str | None) -> str:
-    """The line that opens a run: what trains on what, where."""
+def _intro(job: Job, size: int, ckpt_path: str | None) -> list:
+    """The lines that open a run: what trains on what; the batch, the length and where it runs; where
+    it resumed from."""
     cfg, model, dataset = job.cfg, job.model, job.dataset
     what = registry.algorithm(cfg.algo).describe(job.algo_cfg, job.workers)
     per = "worker" if job.workers < size else "rank"
-    return (f"ssdmpi train: {what} on {counted(size, 'rank')}, model {cfg.model} ({model.params.size} parameters, "
-            f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test), "
-            f"batch {cfg.batch_size} per {per}, {job.total_steps} steps ({job.E} per epoch), {backend.device()}, "
-            f"run directory {cfg.run_dir}"
-            + (f"; resumed from {ckpt_path} at step {job.state.step}" if ckpt_path else ""))
+    lines = [f"ssdmpi train: {what} on {counted(size, 'rank')}, model {cfg.model} ({model.params.size} parameters, "
+             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test)",
+             f"  batch {cfg.batch_size} per {per} ({cfg.batch_size * job.workers} in all), {job.total_steps} steps "
+             f"({job.E} per epoch), {backend.device()}; run directory {cfg.run_dir}"]
+    if ckpt_path:
+        lines.append(f"  resumed from {ckpt_path} at step {job.state.step}")
+    return lines
 
 
 EXPOSED_SHARE = 0.2     # a period run whose steps wait this share of their time on the allreduce gets the note
@@ -121,10 +150,9 @@ class ExposedWait:
     KEYS = ("step_s", "wait_s", "compute_s", "inflight_s")
 
     def __init__(self, job):
-        algo = job.algo
-        pattern = registry.algorithm(job.cfg.algo).pattern(job.algo_cfg) or (None,)
-        self.applies = pattern[0] == "period" and not algo.auto and bool(algo.k)
-        self.k, self.d = (algo.k, algo.d) if self.applies else (None, None)
+        window = job.algo.allreduce_window()
+        self.applies = window is not None
+        self.k, self.window, self.flag = window if self.applies else (None, None, None)
         self.last_stage = self.last_step = None
         self._restart()
 
@@ -143,28 +171,39 @@ class ExposedWait:
         self.steps += steps
         if self.steps < self.WINDOW_PERIODS * self.k:
             return None
-        note = exposed_wait_note({key: total / self.steps for key, total in self.sums.items()}, self.k, self.d)
+        note = exposed_wait_note({key: total / self.steps for key, total in self.sums.items()}, self.k, self.window,
+                                 self.flag)
         self._restart()
         if note is not None:
             self.applies = False
         return note
 
 
-def exposed_wait_note(record: dict, k: int, d: int | None) -> str | None:
-    """What to tell the user of an ssd ``--comm period`` run at period ``k`` with merge delay ``d``
-    (None: merged at the next period's end, ``d = k``) whose ranks wait for the allreduce more than
+AUTO_WORTH_S = 1e-3     # a wait per step below this is left to --merge-delay: --delay auto is not suggested
+
+
+def exposed_wait_note(record: dict, k: int, window: int, flag: str) -> str | None:
+    """What to tell the user of a run with one allreduce per period of ``k`` steps that must complete
+    within ``window`` steps of its post (``flag`` sets the window: ``TrainingAlgorithm.allreduce_window``)
+    whose ranks wait for the allreduce more than
     ``EXPOSED_SHARE`` of each step, from a delay-stage step record (``wait_s``, ``step_s``,
-    ``compute_s``, ``inflight_s`` per step); None when they do not."""
+    ``compute_s``, ``inflight_s`` per step); None when they do not. One line: the wait, the allreduce's
+    time in flight against the compute, the setting that would hide it, and ``--delay auto`` where the
+    wait is worth measuring for (``AUTO_WORTH_S`` per step or more)."""
     step, wait, compute = record.get("step_s"), record.get("wait_s"), record.get("compute_s")
     if not step or not compute or wait is None or wait <= EXPOSED_SHARE * step:
         return None
-    window = k if d is None else d
     in_flight = (record.get("inflight_s") or 0.0) * k       # one allreduce per period
     need = steps_to_hide(compute, in_flight) if in_flight else None
-    what = (f"--merge-delay {window} lets {counted(window, 'step')} of compute hide it" if d is not None
-            else f"the period of {counted(k, 'step')} hides it")
-    return (f"note: each step waits {1e3 * wait:.0f} ms ({wait / step:.0%} of it) for the period's allreduce, "
-            f"in flight {1e3 * in_flight:.0f} ms against {1e3 * compute:.0f} ms of compute per step; {what}"
-            + (f", about {need} would" if need and need > window else "")
-            + ". --delay auto chooses k and the merge delay to hide it within the stable range "
-              "(docs/PERIOD_RULE.md)")
+    what = (f"{flag} {need} would hide it (now {window})" if need and need > window
+            else f"{flag} {window} should hide it")
+    auto = ", or --delay auto" if wait >= AUTO_WORTH_S else ""
+    return (f"note: steps wait {_ms(wait)} ({wait / step:.0%}) on the period's allreduce ({_ms(in_flight)} in flight, "
+            f"{_ms(compute)} compute per step); {what}{auto}")
+
+
+def _ms(seconds: float) -> str:
+    """``0.42 ms``, ``2.1 ms``, ``198 ms``, ``12 s``: two significant figures below 10 ms, whole ms
+    below 10 s, whole seconds above."""
+    ms = 1e3 * seconds
+    return f"{ms:.2g} ms" if ms < 9.95 else f"{ms:.0f} ms" if ms < 9950 else f"{seconds:.0f} s"

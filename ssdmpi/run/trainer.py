@@ -24,7 +24,7 @@ from ssdmpi.metrics import write_summary
 from ssdmpi.relaunch import resume_command
 from ssdmpi.run.job import Job, Stop
 from ssdmpi.run.loop import PER_STEP_TOTALS, committed, evaluate_now, save, train
-from ssdmpi.run.report import Reporter
+from ssdmpi.run.report import Reporter, shown_stage
 from ssdmpi.run.setup import configure, print_config, remove_created, resume, setup
 
 
@@ -85,7 +85,10 @@ def run_job(args, model=None, dataset=None, command: bool = False):
             raise
         if ckpt_meta is not None and ckpt_meta.get("reason") == "final" and job.state.step >= job.total_steps:
             return complete(job, comm), job
-        out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta))
+        # Step lines on the display when the user gave --log-every (a flag or an API setting), not at
+        # the interval a preset or the default sets for the metrics records.
+        out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta,
+                                               step_lines=getattr(args, "log_every", None) is not None))
         if job.resize is not None:
             out.write(job.resize)
             out.message(f"resumed on another number of ranks ({job.resize['from_ranks']} -> {job.resize['to_ranks']}): "
@@ -128,7 +131,7 @@ def finish(job: Job, comm, out: Reporter, code: int, reason: str | None) -> int:
     job.state.last_eval = tree["trainer"]["last_eval"] = evaluate_now(job, out)
     save(job, comm, out, "final", tree, replicated, weights=job.algo.global_weights())
     if comm.rank == 0:
-        _summary(job, comm.size, run_time)
+        _summary(job, comm.size, run_time, out)
     return 0
 
 
@@ -151,13 +154,14 @@ def complete(job: Job, comm) -> int:
     return 0
 
 
-def _summary(job: Job, size: int, run_time: float) -> None:
-    """Rank 0: write summary.txt/.json and print the summary."""
+def _summary(job: Job, size: int, run_time: float, out: Reporter) -> None:
+    """Rank 0: write summary.txt/.json and print the summary (fields: ssdmpi/metrics.py)."""
     cfg, state = job.cfg, job.state
     totals, steps = state.totals, max(1, state.totals["steps"])
     summary = {"status": "done", "algo": cfg.algo, "world_size": size, "model": cfg.model,
                "num_params": int(job.model.params.size), "dataset": job.dataset.name, "step": state.step,
-               "epoch": state.step / job.E, "time": run_time, "stage": job.algo.stage,
+               "epoch": state.step / job.E, "time": run_time, "wall_s": state.time_s(), "train_s": state.train_s(),
+               "eval_s": out.eval_s, "best": out.best, "stage": shown_stage(job.algo),
                "samples_per_s": (totals["steps"] * cfg.batch_size * job.workers / totals["wall"]
                                  if totals["wall"] else 0.0),
                **state.last_eval,

@@ -11,29 +11,40 @@ SLOW = {"step_s": 0.3728, "wait_s": 0.1983, "compute_s": 0.1712, "inflight_s": 0
 
 
 def test_the_note_says_how_long_each_step_waits_and_what_would_hide_the_allreduce():
-    note = exposed_wait_note(SLOW, 5, 1)
-    assert note.startswith("note: each step waits 198 ms (53% of it) for the period's allreduce, in flight 1172 ms "
-                           "against 171 ms of compute per step; --merge-delay 1 lets 1 step of compute hide it, "
-                           "about 8 would. --delay auto chooses k")          # 1.05 x 1172.5 / 171.2 = 7.2
-    assert "\n" not in note
+    note = exposed_wait_note(SLOW, 5, 1, "--merge-delay")
+    assert note == ("note: steps wait 198 ms (53%) on the period's allreduce (1172 ms in flight, 171 ms compute per "
+                    "step); --merge-delay 8 would hide it (now 1), or --delay auto")   # 1.05 x 1172.5 / 171.2 = 7.2
+    assert len(note) <= 160
 
 
 def test_a_rule_merged_at_the_next_periods_end_hides_it_behind_the_period():
-    note = exposed_wait_note(SLOW, 5, None)
-    assert "the period of 5 steps hides it, about 8 would." in note
-    at_10 = exposed_wait_note({**SLOW, "inflight_s": 0.11725}, 10, None)       # 1172.5 ms per allreduce again
-    assert "the period of 10 steps hides it. --delay auto" in at_10           # 10 steps would do
+    note = exposed_wait_note(SLOW, 5, 5, "--delay")
+    assert note.endswith("; --delay 8 would hide it (now 5), or --delay auto")
+    at_10 = exposed_wait_note({**SLOW, "inflight_s": 0.11725}, 10, 10, "--delay")       # 1172.5 ms per allreduce again
+    assert at_10.endswith("; --delay 10 should hide it, or --delay auto")      # 10 steps would do
+
+
+def test_a_sub_millisecond_wait_is_shown_to_the_hundredth_and_gets_no_delay_auto():
+    """The default digits run: a 1.5 ms step waits 0.42 ms (28%); 2.1 ms in flight per allreduce
+    (0.42 ms per step at k = 5), 0.76 ms of compute: 1.05 x 2.1 / 0.76 = 2.9, so 3 steps hide it."""
+    note = exposed_wait_note({"step_s": 0.0015, "wait_s": 0.00042, "compute_s": 0.00076, "inflight_s": 0.00042}, 5, 1,
+                             "--merge-delay")
+    assert note == ("note: steps wait 0.42 ms (28%) on the period's allreduce (2.1 ms in flight, 0.76 ms compute per "
+                    "step); --merge-delay 3 would hide it (now 1)")
 
 
 def test_no_note_when_the_wait_is_a_small_share_of_the_step():
-    assert exposed_wait_note({**SLOW, "wait_s": 0.07}, 5, 1) is None           # 19% of the step
-    assert exposed_wait_note({**SLOW, "wait_s": 0.08}, 5, 1) is not None       # 21%
-    assert exposed_wait_note({**SLOW, "step_s": None}, 5, 1) is None
+    assert exposed_wait_note({**SLOW, "wait_s": 0.07}, 5, 1, "--merge-delay") is None           # 19% of the step
+    assert exposed_wait_note({**SLOW, "wait_s": 0.08}, 5, 1, "--merge-delay") is not None       # 21%
+    assert exposed_wait_note({**SLOW, "step_s": None}, 5, 1, "--merge-delay") is None
 
 
-def job(algo="ssd", comm="period", k=5, d=1, auto=False):
-    return SimpleNamespace(cfg=SimpleNamespace(algo=algo), algo=SimpleNamespace(auto=auto, k=k, d=d),
-                           algo_cfg=SimpleNamespace(comm=comm, delay="auto" if auto else k))
+def job(k=5, d=1, window=True):
+    """A job whose algorithm has a fixed period ``k`` merged ``d`` steps after each post (``d`` None: at the
+    next period's end); ``window=False``: no such schedule (another algorithm, ``--comm step``, ``--delay auto``)."""
+    flag = "--delay" if d is None else "--merge-delay"
+    return SimpleNamespace(algo=SimpleNamespace(allreduce_window=lambda: (k, k if d is None else d, flag)
+                                                if window else None))
 
 
 def records(watch, stage, steps, **values):
@@ -47,7 +58,7 @@ def test_once_per_run_after_four_periods_wholly_in_the_delay_stage():
     assert records(watch, "delay", [200]) == [None]                         # the interval ending at the switch
     notes = records(watch, "delay", [205, 210, 215, 220, 225, 230, 235, 240])
     assert notes[:3] == [None] * 3 and notes[4:] == [None] * 4              # at 220, and only once
-    assert notes[3].startswith("note: each step waits 198 ms (53% of it)")
+    assert notes[3].startswith("note: steps wait 198 ms (53%)")
 
 
 def test_the_means_span_whole_periods_when_records_are_shorter_than_one():
@@ -59,21 +70,38 @@ def test_the_means_span_whole_periods_when_records_are_shorter_than_one():
     rest = {"step_s": 0.1, "wait_s": 0.0, "compute_s": 0.1, "inflight_s": 0.0}
     notes = [watch.check({**(end if i % 2 else rest), "stage": "delay", "step": 200 + 5 * i}) for i in range(9)]
     assert notes[:8] == [None] * 8
-    assert notes[8].startswith("note: each step waits 200 ms (67% of it) for the period's allreduce, in flight "
-                               "1500 ms against 100 ms of compute per step; --merge-delay 1 lets 1 step of "
-                               "compute hide it, about 16 would.")
+    assert notes[8].startswith("note: steps wait 200 ms (67%) on the period's allreduce (1500 ms in flight, "
+                               "100 ms compute per step); --merge-delay 16 would hide it (now 1)")
 
 
 def test_a_window_with_little_wait_says_nothing_and_the_next_is_judged_afresh():
     watch = ExposedWait(job())
     assert records(watch, "delay", [200, 205, 210, 215, 220], wait_s=0.01) == [None] * 5
     assert records(watch, "delay", [225, 230, 235]) == [None] * 3
-    assert records(watch, "delay", [240])[0].startswith("note: each step waits 198 ms")
+    assert records(watch, "delay", [240])[0].startswith("note: steps wait 198 ms")
 
 
-def test_no_note_for_delay_auto_comm_step_or_other_algorithms():
-    asgd = SimpleNamespace(cfg=SimpleNamespace(algo="asgd"), algo=SimpleNamespace(auto=False),   # no k, no d
-                           algo_cfg=SimpleNamespace(comm=None, delay=None))
-    for j in (job(auto=True, k=None, d=None), job(comm="step"), job(algo="ssgd"), job(algo="localsgd"), asgd):
-        watch = ExposedWait(j)
-        assert records(watch, "delay", range(200, 300, 5)) == [None] * 20
+def test_no_note_without_a_fixed_period_schedule():
+    watch = ExposedWait(job(window=False))
+    assert records(watch, "delay", range(200, 300, 5)) == [None] * 20
+
+
+def test_the_algorithms_say_which_schedule_has_a_window(tmp_path):
+    """What the algorithms answer (``allreduce_window``): a fixed-k period rule with a merge delay, one
+    merged at the next period's end, and nothing for ``--comm step``, ``--delay auto`` and the others."""
+    import numpy as np
+
+    from ssdmpi.algos import AlgoConfig, build_algorithm
+    from ssdmpi.nn import build_model
+    from tests.fakes import FakeComm
+
+    def window(**settings):
+        model = build_model("mlp", (4,), 2, widths=(3,), dtype=np.float64)
+        algo = build_algorithm(AlgoConfig(warmup_steps=10, **settings), model, FakeComm())
+        return algo.allreduce_window()
+
+    assert window(algo="ssd", comm="period", delay=5, merge_delay=2) == (5, 2, "--merge-delay")
+    assert window(algo="ssd", comm="period", delay=4, period_rule="delta-own") == (4, 4, "--delay")
+    assert window(algo="ssd", comm="period", delay="auto") is None
+    for settings in (dict(algo="ssd", comm="step"), dict(algo="ssgd"), dict(algo="localsgd"), dict(algo="odsgd")):
+        assert window(**settings) is None, settings
