@@ -42,7 +42,7 @@ def add_arguments(parser) -> None:
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset option, repeatable (synthetic: num_train, num_test, input_shape, num_classes, "
                         "seed, separation)")
-    p.add_argument("files", nargs="*", metavar="FILE", help="text: the UTF-8 text files, in order")
+    p.add_argument("files", nargs="*", metavar="FILE", help="text: the UTF-8 text files, in order, right after 'text'")
     p.add_argument("--val-fraction", type=float, default=None, metavar="F",
                    help=f"text: the last F of the bytes are the val split (default {VAL_FRACTION})")
     p.add_argument("--separator", default=None, metavar="S",
