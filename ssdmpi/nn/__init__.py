@@ -9,9 +9,12 @@ NumPy on the CPU, CuPy on a GPU (pass ``xp=``), no deep-learning framework at ru
     model.buffers() / model.load_buffers(d)  # BN running statistics + Dropout RNG states
 
 Models: ``mlp`` (``widths``, ``dropout``), ``wide-mlp``, ``lenet5``, ``resnet20`` (``shortcut``
-"A"/"B"); see ``models.py``. Layers: ``layers.py`` (Linear, ReLU, Flatten, Dropout, layout
-changes), ``conv.py`` (Conv2d, MaxPool2d, GlobalAvgPool2d), ``norm.py`` (BatchNorm),
-``residual.py`` (BasicBlock). Gradient checks and the PyTorch twins: ``ssdmpi/verify/``.
+"A"/"B"), ``gpt`` (token ids in: ``n_layer``, ``n_head``, ``d_model``, ``context``, ``dropout``);
+see ``models.py``. Layers: ``layers.py`` (Linear, ReLU, Flatten, Dropout, layout changes),
+``conv.py`` (Conv2d, MaxPool2d, GlobalAvgPool2d), ``norm.py`` (BatchNorm, LayerNorm),
+``residual.py`` (BasicBlock), ``embedding.py`` (token and positional embeddings, the tied
+head), ``attention.py`` (causal self-attention), ``transformer.py`` (GELU, MLP, the GPT block).
+Gradient checks and the PyTorch twins: ``ssdmpi/verify/``.
 """
 
 from ssdmpi.nn.flat import FlatParams, ParamSpec

@@ -11,6 +11,12 @@ end: a top-level layer's tensors are one contiguous slice (``layer_offsets``), a
 its backward has written them, ``grads[offset:]`` is final -- the ``grads_ready`` hook is
 told so, which lets a caller post each part's allreduce while backward goes on.
 
+Inputs: ``input_kind = "features"`` (the default) takes float batches ``(batch, *input_shape)``
+in the model's dtype, one label per sample; ``"tokens"`` (language models, ``gpt``) takes
+integer token ids ``(batch, T)`` with ``T <= input_shape[0]`` (the context) and labels
+``(batch, T)``, one per position. The loss is the mean over all ``labels.size`` targets;
+``targets_per_sample`` is how many targets a full-length sample has (1, or the context).
+
 State that is not a parameter -- BatchNorm running statistics and each Dropout
 layer's RNG state -- is exported by ``buffers()`` and restored by
 ``load_buffers()``; together with ``params`` that is everything a checkpoint
@@ -47,13 +53,21 @@ class Model:
         xp: numpy or cupy. dtype: float32 (default) or float64 (gradient checks).
         seed: initialisation seed; the same seed gives the same weights everywhere
             (and seeds each Dropout layer from it and the layer's name).
+        input_kind: ``"features"`` or ``"tokens"`` (module docstring).
     """
 
-    def __init__(self, layers, input_shape, xp=np, dtype=np.float32, seed: int = 0, name: str = "model"):
+    def __init__(self, layers, input_shape, xp=np, dtype=np.float32, seed: int = 0, name: str = "model",
+                 input_kind: str = "features"):
         self.layers, self.input_shape, self.xp, self.name = list(layers), tuple(input_shape), xp, name
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"{name}: dtype must be float32 or float64, got {self.dtype}")
+        if input_kind not in ("features", "tokens"):
+            raise ValueError(f"{name}: input_kind must be 'features' or 'tokens', got {input_kind!r}")
+        if input_kind == "tokens" and len(self.input_shape) != 1:
+            raise ValueError(f"{name}: a token model's input_shape is (context,), got {self.input_shape}")
+        self.input_kind = input_kind
+        self.targets_per_sample = self.input_shape[0] if input_kind == "tokens" else 1
         shape = self.input_shape
         for layer in self.layers:
             shape = layer.output_shape(shape)
@@ -162,10 +176,19 @@ class Model:
                 layer.reset_state(_layer_seed(seed, full))
 
     def check_batch(self, x) -> None:
-        """``ValueError`` when ``x`` is not a batch of ``input_shape`` in ``dtype``; the message names
-        the model and its first layer with parameters (the one the data feeds), e.g. ``lenet5.conv1``."""
+        """``ValueError`` when ``x`` is not a batch of ``input_shape`` in ``dtype`` (token models: integer
+        ids ``(batch, T)``, ``T <= context``); the message names the model and its first layer with
+        parameters (the one the data feeds), e.g. ``lenet5.conv1``."""
         first = self.layers[min(self._first_trainable, len(self.layers) - 1)].name
         where = f"{self.name}.{first}"
+        if self.input_kind == "tokens":
+            context = self.input_shape[0]
+            if x.ndim != 2 or not 1 <= x.shape[1] <= context:
+                raise ValueError(f"{where}: expected token ids of shape (batch, T) with 1 <= T <= {context}, "
+                                 f"received {tuple(x.shape)}")
+            if x.dtype.kind not in "iu":
+                raise ValueError(f"{where}: expected integer token ids, received {x.dtype} (shape {tuple(x.shape)})")
+            return
         if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape:
             raise ValueError(f"{where}: expected input of shape (batch, {', '.join(map(str, self.input_shape))}), "
                              f"received {tuple(x.shape)}")
@@ -174,7 +197,8 @@ class Model:
                              f"(shape {tuple(x.shape)})")
 
     def forward(self, x, train: bool = True):
-        """Logits (batch, classes) for the batch ``x`` (per-sample shape ``input_shape``, dtype ``dtype``).
+        """Logits (batch, classes) for the batch ``x`` (per-sample shape ``input_shape``, dtype ``dtype``);
+        token models: ``(batch, T, vocab)`` for ids ``(batch, T)``.
 
         ``train``: BatchNorm uses batch statistics (and updates running ones), Dropout drops.
         ``x`` is not modified.
@@ -209,16 +233,19 @@ class Model:
                 hook()
 
     def loss_and_grad(self, x, labels):
-        """Forward + backward on one batch; returns the mean loss (a float on NumPy, a 0-d device
-        array on CuPy: see ``softmax_cross_entropy``), leaves the mean gradient in ``grads``."""
+        """Forward + backward on one batch; returns the mean loss over its ``labels.size`` targets (a
+        float on NumPy, a 0-d device array on CuPy: see ``softmax_cross_entropy``), leaves the mean
+        gradient in ``grads``."""
         logits = self.forward(x, train=True)
-        loss, dlogits = softmax_cross_entropy(logits, labels)
-        self.backward(dlogits)
+        loss, dlogits = softmax_cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        self.backward(dlogits.reshape(logits.shape))
         return loss
 
     def evaluate(self, x, labels) -> tuple[float, int]:
-        """``(loss sum, correct count)`` of the batch in inference mode (does not touch ``grads``)."""
-        return cross_entropy_sum_and_correct(self.forward(x, train=False), labels)
+        """``(loss sum, correct count)`` over the batch's ``labels.size`` targets in inference mode
+        (does not touch ``grads``)."""
+        logits = self.forward(x, train=False)
+        return cross_entropy_sum_and_correct(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
     def buffers(self) -> dict:
         """Non-parameter state as ``{"full.layer.name.key": array}``.

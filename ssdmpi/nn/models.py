@@ -6,12 +6,16 @@
 | ``wide-mlp`` | ``mlp`` with widths (4096, 4096): ~20 M parameters on 784 inputs, for communication-bound runs | ``dropout`` |
 | ``lenet5`` | LeCun et al. 1998, with ReLU and max-pooling (see :func:`lenet5` for the size adaptation) | -- |
 | ``resnet20`` | He et al. 2016's CIFAR ResNet-20: 3 stages x 3 basic blocks, 16/32/64 channels | ``shortcut`` ("A" default, or "B") |
+| ``gpt`` | GPT-2 / nanoGPT decoder-only language model: token + learned positional embeddings, pre-LN transformer blocks (causal attention, 4x GELU MLP), head tied to the token embedding | ``n_layer`` (4), ``n_head`` (6), ``d_model`` (192), ``context`` (the input's), ``dropout`` (0) |
 
 Parameter counts (10 classes): mlp 784-512-512-10: 669,706; wide-mlp on 784 inputs:
 20,037,642; lenet5 on 28x28x1: 61,706 (the classic), on 8x8x1: 21,386, on 32x32x3:
-83,126; resnet20 on 32x32x3, option A: 269,722 (the paper's 0.27 M), option B: 272,474.
+83,126; resnet20 on 32x32x3, option A: 269,722 (the paper's 0.27 M), option B: 272,474;
+gpt with the default sizes on byte-level tokens (vocab 256, context 128): 1,853,568.
 
-Images are NCHW; every model accepts (C, H, W) inputs, ``mlp`` also (features,).
+Images are NCHW; every model accepts (C, H, W) inputs, ``mlp`` also (features,). ``gpt`` takes
+integer token ids (B, T) and labels (B, T) (``input_kind = "tokens"``; the contract is in
+:func:`gpt`'s docstring); ``num_classes`` is its vocabulary.
 
 Your own models (docs/API.md): ``build_model`` also takes ``"package.module:factory"``, a
 factory, or a built ``Model``; ``register_model(name, factory)`` adds a name. A factory is
@@ -47,6 +51,9 @@ def mlp(input_shape, num_classes, widths=(256,), dropout: float = 0.0, **kwargs)
 
 
 WIDE_MLP_WIDTHS = (4096, 4096)
+
+# gpt's sizes when not given: the byte-level preset (vocab 256, context 128)
+GPT_DEFAULTS = {"n_layer": 4, "n_head": 6, "d_model": 192}
 
 
 def wide_mlp(input_shape, num_classes, **kwargs) -> Model:
@@ -112,6 +119,59 @@ def resnet20(input_shape, num_classes, shortcut: str = "A", **kwargs) -> Model:
     return Model(layers, input_shape, name="resnet20", **kwargs)
 
 
+def gpt(input_shape, num_classes, n_layer: int = GPT_DEFAULTS["n_layer"], n_head: int = GPT_DEFAULTS["n_head"],
+        d_model: int = GPT_DEFAULTS["d_model"], context: int | None = None, dropout: float = 0.0, **kwargs) -> Model:
+    """A GPT-2-style decoder-only language model, nanoGPT's ``GPT`` (Radford et al. 2019).
+
+    ``wte`` (token embedding, vocab = ``num_classes``) + ``wpe`` (learned positions) [-> ``drop``]
+    -> ``n_layer`` pre-LayerNorm :class:`~ssdmpi.nn.transformer.Block` ``h.0`` ... (``n_head``
+    causal attention heads of ``d_model / n_head``, a 4x GELU MLP, dropout ``dropout`` on the
+    embeddings, attention weights and residual branches) -> ``ln_f`` -> ``lm_head``, tied to
+    ``wte`` (one tensor, first in the flat buffer). nanoGPT's initialisation: N(0, 0.02^2),
+    residual projections N(0, (0.02/sqrt(2 n_layer))^2), zero biases, LayerNorm (1, 0).
+    Weight decay on the Linear weights only (not embeddings, LayerNorm, biases).
+    Tensor names are nanoGPT's without its ``transformer.`` prefix
+    (:func:`~ssdmpi.nn.transformer.nanogpt_name` maps them).
+
+    The contract (``input_kind = "tokens"``):
+    - ``input_shape = (context,)``; ``context`` (the option) defaults to it and must equal it.
+    - input ``x``: integer token ids (any integer dtype) of shape (B, T), 1 <= T <= context,
+      each in [0, vocab); labels ``y``: (B, T) integers, the next token at each position.
+    - ``forward(x, train)`` returns logits (B, T, vocab) in the model's dtype.
+    - ``loss_and_grad(x, y)``: the mean cross-entropy over the B*T positions; the mean gradient is
+      left in ``model.grads`` (overwritten, never accumulated).
+    - ``evaluate(x, y)``: ``(loss sum, correct count)`` summed over the B*T positions; a batch has
+      ``y.size`` = B*T targets, ``model.targets_per_sample`` (= context) per full-length sample.
+    - top-level layers (the hooks' granularity): ``wte``, ``wpe``, ``drop`` (if dropout), each
+      block, ``ln_f``, ``lm_head``; ``grads_ready(0)`` (the tied weight final) comes only after
+      ``wte``'s backward.
+    - ``buffers()``: each Dropout's generator state (bitwise resume).
+    """
+    from ssdmpi.nn.embedding import PositionalEmbedding, TiedHead, TokenEmbedding
+    from ssdmpi.nn.norm import LayerNorm
+    from ssdmpi.nn.transformer import Block
+
+    if len(input_shape) != 1:
+        raise UserError(f"gpt needs token windows of shape (context,), got per-sample shape {input_shape}")
+    context = int(input_shape[0]) if context is None else int(context)
+    if context != input_shape[0]:
+        raise UserError(f"gpt: context {context} does not match the data's {input_shape[0]} positions per sample")
+    for key, value in (("n_layer", n_layer), ("n_head", n_head), ("d_model", d_model), ("context", context)):
+        if int(value) < 1:
+            raise UserError(f"gpt: {key} must be at least 1, got {value}")
+    if d_model % n_head:
+        raise UserError(f"gpt: d_model {d_model} must be a multiple of n_head {n_head}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise UserError(f"gpt: dropout must be in [0, 1), got {dropout}")
+    wte = TokenEmbedding(num_classes, d_model, name="wte")
+    layers = [wte, PositionalEmbedding(context, d_model, name="wpe")]
+    if dropout:
+        layers.append(Dropout(dropout, name="drop"))
+    layers += [Block(d_model, n_head, context, n_layer, dropout, name=f"h.{i}") for i in range(n_layer)]
+    layers += [LayerNorm(d_model, name="ln_f"), TiedHead(wte, name="lm_head")]
+    return Model(layers, input_shape, name="gpt", input_kind="tokens", **kwargs)
+
+
 class _Stage(Layer):
     """A run of blocks, named ``layerN`` so tensors read ``layer1.0.conv1.weight``."""
 
@@ -139,7 +199,7 @@ class _Stage(Layer):
         return dy
 
 
-MODELS = {"mlp": mlp, "wide-mlp": wide_mlp, "lenet5": lenet5, "resnet20": resnet20}
+MODELS = {"mlp": mlp, "wide-mlp": wide_mlp, "lenet5": lenet5, "resnet20": resnet20, "gpt": gpt}
 _BUILTIN = frozenset(MODELS)
 
 
@@ -221,7 +281,8 @@ def check_model(model, label: str, input_shape, num_classes: int, xp=None, dtype
     if tuple(model.input_shape) != tuple(input_shape):
         raise UserError(f"model {label}: built for inputs {tuple(model.input_shape)}, but the data has "
                         f"{tuple(input_shape)} per sample")
-    if tuple(model.output_shape) != (int(num_classes),):
+    expected = (tuple(input_shape) if getattr(model, "input_kind", "features") == "tokens" else ()) + (int(num_classes),)
+    if tuple(model.output_shape) != expected:
         raise UserError(f"model {label}: outputs {tuple(model.output_shape)} per sample, but the data has "
                         f"{num_classes} classes")
     if dtype is not None and model.dtype != np.dtype(dtype):

@@ -1,4 +1,6 @@
-"""Batch normalisation (Ioffe & Szegedy 2015), for (N, C) and channel-major (C, H, W, N) inputs.
+"""Normalisation layers: :class:`BatchNorm` and :class:`LayerNorm` (its equations in its docstring).
+
+Batch normalisation (Ioffe & Szegedy 2015), for (N, C) and channel-major (C, H, W, N) inputs.
 
 Training: per channel c, over the m = N*H*W values of the batch,
     mean_c, var_c (biased) ;  xhat = (x - mean_c) / sqrt(var_c + eps) ;  y = gamma_c * xhat + beta_c
@@ -132,3 +134,70 @@ class BatchNorm(Layer):
         xc += c[:, None]
         xc += dy2 * a[:, None]
         return self._unrows(xc, dy.shape)
+
+
+class LayerNorm(Layer):
+    """Layer normalisation (Ba et al. 2016) over the last axis, as ``torch.nn.LayerNorm(dim)``.
+
+    Per row (a token's vector of ``dim`` values; any leading axes):
+        xhat = (x - mean) / sqrt(var + eps)  (biased variance) ;  y = gamma * xhat + beta
+    Backward, with g = dy * gamma:
+        dgamma = sum_rows dy * xhat ;  dbeta = sum_rows dy
+        dx = (g - mean(g) - xhat * mean(g * xhat)) / sqrt(var + eps)
+    Neither ``weight`` (gamma, init 1) nor ``bias`` (beta, init 0) is weight-decayed. Keeps
+    ``xhat`` and ``1/sqrt(var + eps)`` for backward; ``dy`` is read-only.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, name: str = "ln"):
+        self.dim, self.eps, self.name = int(dim), float(eps), name
+
+    def declare(self):
+        return [("weight", (self.dim,), False, lambda rng: np.ones(self.dim)),
+                ("bias", (self.dim,), False, lambda rng: np.zeros(self.dim))]
+
+    def output_shape(self, input_shape):
+        if not input_shape or input_shape[-1] != self.dim:
+            raise self._shape_error(f"..., {self.dim}", input_shape)
+        return tuple(input_shape)
+
+    def forward(self, x, train: bool = True):
+        xp = _xp(x)
+        x2 = x.reshape(-1, self.dim)
+        inv_dim = 1.0 / self.dim
+        mean = x2 @ self.workspace.ones(self.dim, x.dtype)      # row sums as a GEMV
+        mean *= inv_dim
+        xhat = x2 - mean[:, None]
+        var = xp.einsum("ij,ij->i", xhat, xhat)
+        var *= inv_dim
+        var += self.eps
+        rstd = xp.sqrt(var, out=var)
+        xp.divide(1.0, rstd, out=rstd)
+        xhat *= rstd[:, None]
+        self.xhat, self.rstd = xhat, rstd
+        y = xhat * self.p["weight"]
+        y += self.p["bias"]
+        return y.reshape(x.shape)
+
+    def backward(self, dy):
+        xp = _xp(dy)
+        dy2 = dy.reshape(-1, self.dim)
+        xhat, rstd = self.xhat, self.rstd
+        self.xhat = self.rstd = None
+        ones_rows = self.workspace.ones(dy2.shape[0], dy2.dtype)
+        g = dy2 * xhat
+        xp.matmul(ones_rows, g, out=self.g["weight"])          # column sums as GEMVs
+        xp.matmul(ones_rows, dy2, out=self.g["bias"])
+        if not self.input_grad:
+            return None
+        xp.multiply(dy2, self.p["weight"], out=g)
+        inv_dim = 1.0 / self.dim
+        mean_g = g @ self.workspace.ones(self.dim, g.dtype)
+        mean_g *= inv_dim
+        mean_gx = xp.einsum("ij,ij->i", g, xhat)
+        mean_gx *= inv_dim
+        # dx assembled in g's memory; xhat (dead after this) holds xhat * mean(g * xhat)
+        xhat *= mean_gx[:, None]
+        g -= mean_g[:, None]
+        g -= xhat
+        g *= rstd[:, None]
+        return g.reshape(dy.shape)

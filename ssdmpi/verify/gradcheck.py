@@ -93,9 +93,33 @@ def check_model(model: Model, x, labels, seed: int = 0, eps: float = 1e-6, coord
 
     def f():   # the loss only: no backward needed for the numeric side
         model.load_buffers(state)
-        return softmax_cross_entropy(model.forward(x, train=True), labels)[0]
+        logits = model.forward(x, train=True)
+        return softmax_cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))[0]
 
     model.loss_and_grad(x, labels)
+    analytic = model.grads.copy()
+    errors = {}
+    for spec in model.flat.specs:
+        idx = _pick(spec.size, coords, rng) + spec.offset
+        errors[spec.name] = relative_error(analytic[idx], _central_difference(f, model.params, idx, eps))
+    return errors
+
+
+def check_token_layer(layer, context: int, vocab: int, batch: int = 3, seed: int = 0, eps: float = 1e-6,
+                      coords: int | None = 40, train: bool = True) -> dict:
+    """Relative errors of each parameter tensor of a layer that takes token ids ``(batch, context)``
+    (a :class:`~ssdmpi.nn.embedding.TokenEmbedding`): like :func:`check_layer`, on
+    ``sum(forward(ids) * R)``, without an input gradient (ids are not differentiable)."""
+    rng = np.random.default_rng(seed)
+    model = Model([layer], (context,), dtype=np.float64, seed=seed, input_kind="tokens")
+    ids = rng.integers(0, vocab, size=(batch, context))
+    proj = rng.normal(size=layer.forward(ids, train).shape)
+
+    def f():
+        return float(np.sum(layer.forward(ids, train) * proj))
+
+    layer.forward(ids, train)
+    layer.backward(proj.copy())
     analytic = model.grads.copy()
     errors = {}
     for spec in model.flat.specs:

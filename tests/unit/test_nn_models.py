@@ -39,8 +39,8 @@ def test_model_gradients_match_finite_differences(name, shape, options):
 
 
 def test_registry_names_and_unknown_model():
-    assert set(MODELS) == {"mlp", "wide-mlp", "lenet5", "resnet20"}
-    with pytest.raises(UserError, match="unknown model 'vgg'; choose one of lenet5, mlp, resnet20, wide-mlp"):
+    assert set(MODELS) == {"mlp", "wide-mlp", "lenet5", "resnet20", "gpt"}
+    with pytest.raises(UserError, match="unknown model 'vgg'; choose one of gpt, lenet5, mlp, resnet20, wide-mlp"):
         build_model("vgg", (3, 32, 32), 10)
     with pytest.raises(UserError, match="bad option"):
         build_model("lenet5", (1, 28, 28), 10, widths=(3,))
