@@ -28,10 +28,10 @@ and their licences: ``ssdmpi/data/corpora.py``), ``kind == "text"``; the others 
 ``kind == "classification"``, normalised as below. The built-in corpora's val split is their
 last 10% of bytes; ``dataset_kind(name)`` tells the kind without loading anything.
 
-``digits`` split: the first 1,437 samples train, the last 360 test (the file's
-order, the same as scikit-learn's ``load_digits``; fixed, no shuffling; see
-``ssdmpi/data/digits.py``). ``fashion-mnist``/``mnist``: 60,000/10,000, ``cifar10``
-50,000/10,000, 10 classes each.
+``digits`` split: 1,437 train / 360 test (20%), stratified by class and shuffled with a
+fixed seed, the same on every machine (``ssdmpi/data/digits.py`` states the rule); each split
+keeps the file's order. ``fashion-mnist``/``mnist``: 60,000/10,000, ``cifar10``
+50,000/10,000 (the files' own splits), 10 classes each.
 
 ``synthetic`` options: ``num_train`` (default 4096), ``num_test`` (1024),
 ``input_shape`` ((1, 28, 28); a tuple or a string "3,32,32"), ``num_classes`` (10),
@@ -43,7 +43,8 @@ balanced. A linear model can learn it; 6.0 makes the best possible accuracy ~99%
 Normalisation (every dataset, every format, the same rule):
 
 1. scale pixels to [0, 1]: uint8 images are divided by 255, ``digits`` (0..16) by 16;
-   float images (HDF5 floats, ``synthetic``) are taken as they are;
+   float images (HDF5 floats, ``synthetic``) are taken as they are (``Dataset.scale``: the
+   factor, from the source's own values);
 2. for each channel ``c``: ``mean_c`` and ``std_c`` are the mean and population
    standard deviation (ddof=0, computed in float64) of channel ``c`` over every pixel
    of the TRAIN split (``std_c`` < 1e-12 counts as 1);
@@ -84,7 +85,6 @@ _HOW_TO_GET = {
            "/usr/lib/bible.data) or put a UTF-8 text of the King James Bible in kjv/kjv.txt under one of those roots",
 }
 BIBLE_DATA = "/usr/lib/bible.data"   # Debian's bible-kjv-text
-DIGITS_TRAIN = 1437   # of 1797: the first 1,437 train, the last 360 test
 SYNTHETIC_DEFAULTS = {"num_train": 4096, "num_test": 1024, "input_shape": (1, 28, 28), "num_classes": 10,
                       "seed": 0, "separation": 6.0}
 
@@ -94,7 +94,8 @@ class RawSplits:
     """A dataset before normalisation, as stored on disk (what ``data convert`` writes).
 
     Images (N, C, H, W): uint8 (0..255) or float32 already scaled (e.g. to [0, 1]).
-    Labels (N,) integers in [0, num_classes).
+    Labels (N,) integers in [0, num_classes). ``raw_scale``: the factor that took the source's
+    own values to these images (``digits``: 1/16; others: 1).
     """
 
     name: str
@@ -104,6 +105,7 @@ class RawSplits:
     test_labels: np.ndarray
     num_classes: int
     source: str
+    raw_scale: float = 1.0
 
 
 @dataclasses.dataclass
@@ -112,7 +114,9 @@ class Dataset:
 
     ``train_x`` (N, C, H, W) and ``test_x`` (M, C, H, W) float32; ``train_y``/``test_y``
     int64 in [0, num_classes); ``input_shape`` = (C, H, W); ``mean``/``std`` per channel
-    in scaled [0, 1] units; ``source`` says where the data came from. Arrays are read-only.
+    in scaled [0, 1] units; ``scale``: the source's own values times ``scale`` are those units,
+    so ``x = (raw * scale - mean_c) / std_c``; ``source`` says where the data came from. Arrays
+    are read-only.
     ``kind`` is "classification" (a ``TextDataset``'s is "text").
     """
 
@@ -127,6 +131,7 @@ class Dataset:
     mean: tuple = ()
     std: tuple = ()
     source: str = ""
+    scale: float = 1.0
 
     @property
     def num_train(self) -> int:
@@ -237,12 +242,13 @@ def how_to_get(name: str) -> str:
 # ----------------------------------------------------------------------------- readers
 
 def _read_digits() -> RawSplits:
-    from ssdmpi.data.digits import DIGITS_FILE, read_digits
+    from ssdmpi.data.digits import DIGITS_FILE, read_digits, split_indices
     data, target = read_digits()
     pixels, labels = data.astype(np.float32), target
     images = (pixels / np.float32(16.0)).reshape(-1, 1, 8, 8)   # digits pixels are 0..16
-    return RawSplits("digits", images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN], images[DIGITS_TRAIN:],
-                     labels[DIGITS_TRAIN:], 10, DIGITS_FILE)
+    train, test = split_indices(labels)
+    return RawSplits("digits", images[train], labels[train], images[test], labels[test], 10, DIGITS_FILE,
+                     raw_scale=1.0 / 16.0)
 
 
 def _parse_shape(value) -> tuple:
@@ -317,7 +323,9 @@ def _read_hdf5(path: str) -> RawSplits:
         top = [int(arrays[k].max()) for k in ("train_labels", "test_labels") if arrays[k].size]
         num_classes = max(top) + 1 if top else 0
     origin = f" (converted from {attrs['name']})" if attrs.get("name") else ""
-    return RawSplits("hdf5", num_classes=num_classes, source=path + origin, **arrays)
+    # Named as the file names itself (its ``name`` attribute, else the file's own name), with where it is.
+    own = attrs.get("name") or os.path.splitext(os.path.basename(path))[0]
+    return RawSplits(f"{own} (HDF5 file {path})", num_classes=num_classes, source=path + origin, **arrays)
 
 
 def reject_options(name: str, options: dict) -> None:
@@ -386,8 +394,8 @@ def _validate(raw: RawSplits) -> None:
             raise UserError(f"{raw.source}: {split} split has {len(images)} images but {len(labels)} labels")
         if labels.size and (labels.min() < 0 or labels.max() >= raw.num_classes):
             bad = labels[(labels < 0) | (labels >= raw.num_classes)]
-            raise UserError(f"{raw.source}: {split} labels out of range: {len(bad)} outside "
-                            f"[0, {raw.num_classes}), e.g. {int(bad[0])}")
+            raise UserError(f"{raw.source}: {split} labels out of range: {len(bad)} label"
+                            f"{'s' * (len(bad) != 1)} outside [0, {raw.num_classes}), e.g. {int(bad[0])}")
     if len(raw.train_images) == 0:
         raise UserError(f"{raw.source}: the train split is empty")
 
@@ -461,7 +469,8 @@ def _normalise_images(raw: RawSplits) -> Dataset:
                         f"{raw.test_images.dtype}; store both splits with the same dtype")
     return Dataset(raw.name, apply(raw.train_images), labels(raw.train_labels), apply(raw.test_images),
                    labels(raw.test_labels), tuple(int(s) for s in raw.train_images.shape[1:]), int(raw.num_classes),
-                   tuple(float(m) for m in mean), tuple(float(s) for s in std), raw.source)
+                   tuple(float(m) for m in mean), tuple(float(s) for s in std), raw.source,
+                   float(raw.raw_scale * scale))
 
 
 # ----------------------------------------------------------------------------- the entry point
@@ -521,7 +530,8 @@ def load_dataset(name: str, path: str | None = None, **options):
     dataset = _CACHE.get(key)
     if dataset is None:
         dataset = _read_text(name, where) if name in TEXT_DATASETS else normalise(load_raw(name, path, **options))
-        dataset.name = name
+        if name != "hdf5":      # an HDF5 file keeps its own name (``_read_hdf5``)
+            dataset.name = name
         _CACHE[key] = dataset
     return dataset
 

@@ -1,9 +1,13 @@
-"""The built-in digits file: shipped in the package, read without scikit-learn, identical to it.
+"""The built-in digits file: shipped in the package, read without scikit-learn, identical to it;
+its split: stratified, shuffled with a fixed seed, the same everywhere.
 
 The oracle for the parsed arrays is an independent stdlib parse of the file (csv + gzip);
-where scikit-learn is importable, its ``load_digits`` is a second oracle, bit for bit.
+where scikit-learn is importable, its ``load_digits`` is a second oracle, bit for bit. The
+oracle for the split is ``documented_split``, the rule of ``ssdmpi/data/digits.py``'s docstring
+written again with the standard library.
 """
 
+import collections
 import csv
 import gzip
 import hashlib
@@ -27,6 +31,22 @@ def stdlib_table():
         return [[int(v) for v in row] for row in csv.reader(f)]
 
 
+def documented_split(labels, test_size=360, seed=0):
+    """``(train rows, test rows)`` by the rule ssdmpi/data/digits.py documents, in plain Python."""
+    counts = collections.Counter(labels)
+    total = sum(counts.values())
+    quota = {c: test_size * n // total for c, n in counts.items()}
+    by_remainder = sorted(counts, key=lambda c: (-(test_size * counts[c] - quota[c] * total), c))
+    for c in by_remainder[:test_size - sum(quota.values())]:
+        quota[c] += 1
+    test = set()
+    for c in counts:
+        rows = [i for i, label in enumerate(labels) if label == c]
+        rows.sort(key=lambda i: hashlib.sha256(f"ssdmpi-digits-split:{seed}:{i}".encode()).hexdigest())
+        test.update(rows[:quota[c]])
+    return [i for i in range(len(labels)) if i not in test], sorted(test)
+
+
 def test_the_shipped_file_is_the_known_one():
     with open(digits.DIGITS_FILE, "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == digits.DIGITS_SHA256
@@ -35,7 +55,6 @@ def test_the_shipped_file_is_the_known_one():
     labels = np.array([r[-1] for r in rows])
     pixels = np.array([r[:-1] for r in rows])
     assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
-    assert np.bincount(labels[:1437]).tolist() == [143, 146, 142, 146, 144, 145, 144, 143, 141, 143]
     assert (pixels.min(), pixels.max()) == (0, 16)
 
 
@@ -55,13 +74,44 @@ def test_read_digits_is_bit_identical_to_scikit_learn():
     assert (data.dtype, data.shape, target.dtype, target.shape) == \
         (want_data.dtype, want_data.shape, want_target.dtype, want_target.shape)
     assert data.tobytes() == want_data.tobytes() and target.tobytes() == want_target.tobytes()
-    # What the loader stored before the file was shipped: scikit-learn's arrays, float32 / 16.
+    # The splits: scikit-learn's arrays, float32 / 16, at the documented rows.
     raw = datasets.load_raw("digits")
     images = (want_data.astype(np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
-    assert raw.train_images.tobytes() == images[:1437].tobytes()
-    assert raw.test_images.tobytes() == images[1437:].tobytes()
-    assert raw.train_labels.tobytes() == want_target[:1437].tobytes()
-    assert raw.test_labels.tobytes() == want_target[1437:].tobytes()
+    train, test = documented_split(want_target.tolist())
+    assert raw.train_images.tobytes() == images[train].tobytes()
+    assert raw.test_images.tobytes() == images[test].tobytes()
+    assert raw.train_labels.tobytes() == want_target[train].tobytes()
+    assert raw.test_labels.tobytes() == want_target[test].tobytes()
+
+
+def test_the_split_is_stratified_shuffled_disjoint_and_documented():
+    labels = [row[-1] for row in stdlib_table()]
+    train, test = digits.split_indices(np.array(labels))
+    want_train, want_test = documented_split(labels)
+    assert train.tolist() == want_train and test.tolist() == want_test       # the rule as documented
+    assert len(test) == 360 and len(train) == 1437
+    assert not set(train.tolist()) & set(test.tolist()) and sorted(train.tolist() + test.tolist()) == list(range(1797))
+    # Stratified: each class's share of the test split is its share of the file, within one sample.
+    per_class, in_test = collections.Counter(labels), collections.Counter(labels[i] for i in test)
+    for c, n in per_class.items():
+        assert abs(in_test[c] - 360 * n / 1797) < 1, (c, in_test[c], n)
+    # Shuffled, not the file's order: the old split (the last 360 rows) is not it.
+    assert test.tolist() != list(range(1437, 1797)) and min(test) < 100 and max(test) > 1700
+    # Deterministic: the same rows every call; another seed gives other rows.
+    assert digits.split_indices(np.array(labels))[1].tolist() == test.tolist()
+    assert digits.split_indices(np.array(labels), seed=1)[1].tolist() != test.tolist()
+    assert digits.split_indices(np.array(labels), seed=1)[1].tolist() == documented_split(labels, seed=1)[1]
+    # The seed and the rule are stated where users read them.
+    assert digits.SPLIT_SEED == 0 and "SPLIT_SEED`` = 0" in digits.__doc__
+    text = " ".join(datasets.__doc__.split())
+    assert "stratified by class and shuffled with a fixed seed" in text
+
+
+def test_load_dataset_uses_the_split():
+    ds = load_dataset("digits")
+    labels = [row[-1] for row in stdlib_table()]
+    train, test = documented_split(labels)
+    assert ds.train_y.tolist() == [labels[i] for i in train] and ds.test_y.tolist() == [labels[i] for i in test]
 
 
 def test_digits_loads_with_scikit_learn_unimportable(monkeypatch):

@@ -163,7 +163,7 @@ def test_bad_data_is_a_one_line_user_error(tmp_path, case):
     assert "\n" not in message
     for word in words:
         assert word in message, (word, message)
-    assert_one_line_exit_2(run_cli(["data", "convert", name, "--path", path, "--out", str(tmp_path / "o.h5")]),
+    assert_one_line_exit_2(run_cli(["data", "convert", name, "--data-path", path, "--out", str(tmp_path / "o.h5")]),
                            words)
     assert not (tmp_path / "o.h5").exists()
 

@@ -14,7 +14,7 @@ import pytest
 
 from ssdmpi.data import cifar, datasets, idx, load_dataset
 from tests.conftest import run_cli
-from tests.unit.test_data_digits import stdlib_table  # the digits file parsed independently (csv + gzip)
+from tests.unit.test_data_digits import documented_split, stdlib_table  # the digits file and split, independently
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -82,13 +82,16 @@ def test_digits_is_builtin_with_the_documented_split_and_normalisation():
     assert ds.train_x.dtype == np.float32 and ds.train_y.dtype == np.int64
     table = np.array(stdlib_table())
     images, target = table[:, :-1].reshape(-1, 1, 8, 8) / 16.0, table[:, -1]
-    want_train, want_test = expected_normalised(images[:1437], images[1437:])
+    train, test = documented_split(target.tolist())
+    want_train, want_test = expected_normalised(images[train], images[test])
     np.testing.assert_allclose(ds.train_x, want_train, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ds.test_x, want_test, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(ds.train_y, target[:1437])
-    np.testing.assert_array_equal(ds.test_y, target[1437:])
-    # Dataset.mean/std undo the normalisation back to [0, 1] pixels.
-    np.testing.assert_allclose(ds.train_x * ds.std[0] + ds.mean[0], images[:1437], atol=1e-5)
+    np.testing.assert_array_equal(ds.train_y, target[train])
+    np.testing.assert_array_equal(ds.test_y, target[test])
+    # Dataset.mean/std undo the normalisation back to [0, 1] pixels, and scale takes the file's 0..16 there.
+    np.testing.assert_allclose(ds.train_x * ds.std[0] + ds.mean[0], images[train], atol=1e-5)
+    np.testing.assert_allclose(ds.train_x, (table[train, :-1].reshape(-1, 1, 8, 8) * ds.scale - ds.mean[0]) / ds.std[0],
+                               atol=1e-5)
 
 
 def test_datasets_are_cached_and_read_only():
@@ -208,10 +211,10 @@ def _sources(tmp_path):
     make_hdf5(tmp_path / "in.h5", rng.random((12, 1, 4, 4)), np.arange(12) % 3, rng.random((4, 1, 4, 4)),
               np.arange(4) % 3, num_classes=3)
     return {
-        "idx-gz": ["mnist", "--path", str(tmp_path / "idx-gz")],
-        "idx-raw": ["fashion-mnist", "--path", str(tmp_path / "idx-raw")],
-        "cifar10": ["cifar10", "--path", str(tmp_path / "cifar")],
-        "hdf5": ["hdf5", "--path", str(tmp_path / "in.h5")],
+        "idx-gz": ["mnist", "--data-path", str(tmp_path / "idx-gz")],
+        "idx-raw": ["fashion-mnist", "--data-path", str(tmp_path / "idx-raw")],
+        "cifar10": ["cifar10", "--data-path", str(tmp_path / "cifar")],
+        "hdf5": ["hdf5", "--data-path", str(tmp_path / "in.h5")],
         "digits": ["digits"],
         "synthetic": ["synthetic", "-o", "num_train=64", "-o", "num_test=16", "-o", "input_shape=2,3,3"],
     }
@@ -225,7 +228,7 @@ def test_convert_round_trip_gives_the_same_dataset(tmp_path, fmt):
     assert result.returncode == 0, result.stderr
     assert "wrote" in result.stdout
     options = {"num_train": 64, "num_test": 16, "input_shape": (2, 3, 3)} if fmt == "synthetic" else {}
-    path = args[2] if len(args) > 2 and args[1] == "--path" else None
+    path = args[2] if len(args) > 2 and args[1] == "--data-path" else None
     original = load_dataset(args[0], path, **options)
     converted = load_dataset("hdf5", str(out))
     assert_same_dataset(original, converted)
