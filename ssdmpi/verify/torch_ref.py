@@ -24,7 +24,11 @@ def torch_available() -> tuple[bool, str]:
 
 def build_torch_model(model):
     """A ``torch.nn.Module`` computing the same function as the ssdmpi ``model`` (a registry model),
-    with its parameters and buffers copied in (float32 or float64, like ``model``)."""
+    with its parameters and buffers copied in (float32 or float64, like ``model``); for ``gpt``,
+    nanoGPT's module (``torch_gpt.py``)."""
+    if getattr(model, "input_kind", "features") == "tokens":
+        from ssdmpi.verify.torch_gpt import build_torch_gpt
+        return build_torch_gpt(model)
     import torch
     import torch.nn.functional as F
     from torch import nn
