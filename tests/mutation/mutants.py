@@ -35,7 +35,9 @@ MPI_WRITER = "tests/mpi/test_checkpoint_writer.py"
 MPI_RESIZE = "tests/mpi/test_resize.py"
 MPI_ASGD = "tests/mpi/test_asgd.py"
 MPI_AUTO = "tests/mpi/test_auto_delay.py"
+ALGOS_DELTA_MERGE = ("tests/mpi/test_algos.py", "-k", "delta-merge")      # serially: a world of one rank
 NEEDS_WORKERS = "with 2 ranks asgd has one worker, whose pushes are never stale: the rate is eta at every push"
+NEEDS_BOTH_WORLDS = "asgd needs a server and a worker in the old world and in the new one: a resize in one job, 4 ranks"
 NEEDS_SERVERS = "with 2 ranks asgd has one server, whose shard is the whole model: uneven shards need 2 servers"
 
 MUTANTS = [
@@ -56,11 +58,11 @@ MUTANTS = [
     # --- checkpoint/sharded.py: pieces of the shared arrays ------------------------------------------------
     Mutant("sharded: a piece's checksum not checked when the whole array is read", SHARDED,
            "read_piece(directory, name, rank, sums.get(f\"/shared/{name}\"))", "read_piece(directory, name, rank)",
-           (UNIT_CKPT,), (MPI_WRITER, "-k", "pieces")),
+           (UNIT_CKPT,), (MPI_WRITER, "-k", "piece")),
     Mutant("sharded: the pieces joined in reverse rank order", SHARDED,
            "        out[piece(out.size, rank, n)] = read_piece(",
            "        out[piece(out.size, n - 1 - rank, n)] = read_piece(",
-           (UNIT_CKPT,), (MPI_WRITER, "-k", "pieces")),
+           (UNIT_CKPT,), (MPI_WRITER, "-k", "piece")),
     # --- checkpoint/writer.py: the commit's manifest, the background flag ------------------------------------
     Mutant("writer: the manifest pairs each rank file with another rank's report", WRITER,
            "for r, rep in enumerate(reports)}", "for r, rep in enumerate(reports[::-1])}",
@@ -75,7 +77,8 @@ MUTANTS = [
            ("tests/unit/test_resize.py", "-k", "ssd-period-mid-delay and 4to2"), (MPI_RESIZE, "-k", "mid-delay")),
     Mutant("resize: a server's old rank counted with the new number of workers (asgd)", RESIZE,
            "        old = old_workers + algo.j", "        old = algo.K + algo.j",
-           ("tests/unit/test_resize.py", "-k", "asgd and 4to2"), (MPI_RESIZE, "-k", "asgd")),
+           ("tests/unit/test_resize.py", "-k", "asgd and 4to2"), (MPI_RESIZE, "-k", "asgd"), ranks=(4,),
+           why=NEEDS_BOTH_WORLDS),
     Mutant("resize: the per-rank arrays taken from old rank 0 instead of averaged", RESIZE,
            "            state[key] = ctx.mean(f\"algo/{key}\")",
            "            state[key] = ctx.of_rank(0, f\"algo/{key}\")",
@@ -107,15 +110,15 @@ MUTANTS = [
     # --- algos/rules/delta_merge.py: the merge, the momentum merge, the post ----------------------------------
     Mutant("delta_merge: the first merge (at m = k - 1 + d) skipped", DELTA_MERGE,
            "if since_post >= st.k and since_post % st.k == 0:", "if since_post > st.k and since_post % st.k == 0:",
-           ("tests/unit/test_reference.py",), ("tests/mpi/test_algos.py", "-k", "delta-merge")),
+           ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
     Mutant("delta_merge: the momentum merge adds the mean displacement, not the mean step", DELTA_MERGE,
            "            self.U += mean * (a / self.st.k)", "            self.U += mean * a",
-           ("tests/unit/test_reference.py",), ("tests/mpi/test_algos.py", "-k", "delta-merge")),
+           ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
     Mutant("delta_merge: the momentum merge keeps the share a of the own velocity instead of 1 - a", DELTA_MERGE,
            "            xp.multiply(self.U, 1.0 - a, out=self.U)", "            xp.multiply(self.U, a, out=self.U)",
-           ("tests/unit/test_reference.py",), ("tests/mpi/test_algos.py", "-k", "delta-merge")),
+           ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
     Mutant("delta_merge: the period's sum posted one iteration early", DELTA_MERGE,
            "        if (m + 1) % st.k == 0:\n            D = self._acc",
            "        if m % st.k == 0:\n            D = self._acc",
-           ("tests/unit/test_reference.py",), ("tests/mpi/test_algos.py", "-k", "delta-merge")),
+           ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
 ]
