@@ -7,18 +7,24 @@ Figures (each written only when the runs hold the data it needs):
 | ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` (solid) and of rank 0's local model ``L`` (dashed, in the delay stage) vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
 | ``accuracy_vs_epoch.png`` | test accuracy of ``W`` and ``L`` vs epoch |
 | ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
-
-The accuracy figures and the training loss mark where each run's SSGD warm-up ends (the
-switch to the delay stage) with a dash-dotted vertical line in the run's color.
 | ``step_breakdown.png`` | each run's steady-state step split into its phases (forward+backward, update, data, exposed wait, progress calls, other; ``ssdmpi/phases.py``), ms per step |
 | ``throughput_vs_k.png`` | steady-state samples/s (``Run.throughput``) vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
 
-This module also holds the reader of run directories (``load_run``), shared with
-``ssdmpi bench train``. A run directory holds ``metrics.jsonl`` (one JSON object per
-line; the record kinds and their fields are defined in ``ssdmpi/metrics.py``:
+The accuracy figures and the training loss mark where each run's SSGD warm-up ends (the
+switch to the delay stage) with a dash-dotted vertical line in the run's color. Legends sit
+beside the axes (or where the curves leave room), never over the curves.
+
+Labels come from each run's history: a run resumed with other settings shows each one's values
+in order (``lr=0.05→0.01``), and ``batch`` is the global batch (per-rank batch x training
+ranks), which a resume on another number of ranks keeps (``Run.history``).
+
+This module also holds the reader of run directories (``load_run``, the one function that
+reads them), shared with ``ssdmpi bench train``. A run directory holds ``metrics.jsonl`` (one
+JSON object per line; the record kinds and their fields are defined in ``ssdmpi/metrics.py``:
 ``step`` records carry per-step means over the logging interval, ``eval`` records the
-test accuracy of the global model), and optionally ``summary.json`` and the resolved
-config (``config.yaml``). Metric names are read through the alias table ``FIELDS``; a
+test accuracy of the global model, a ``start`` record opens each part of a resumed run with
+its configuration and world size), and optionally ``summary.json`` and the resolved
+config (``config.yaml``, the last part's). Metric names are read through the alias table ``FIELDS``; a
 record without a ``kind`` counts as an evaluation when it carries a test accuracy.
 
 matplotlib is imported only when figures are drawn, with the Agg backend (no display).
@@ -32,6 +38,7 @@ import os
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from ssdmpi.algos import registry
 from ssdmpi.errors import UserError
@@ -101,7 +108,9 @@ class Run:
     """One run directory, parsed.
 
     ``steps``: training-step records in file order; ``evals``: evaluation records (those
-    with a test accuracy); ``config``: the resolved config merged under ``summary``.
+    with a test accuracy); ``config``: the resolved config (the last part's) merged under
+    ``summary``; ``segments``: one per ``start`` record (the run and each resume), in order:
+    ``{"step", "world_size", "workers", "global_batch", "config"}``.
     """
 
     path: Path
@@ -109,6 +118,7 @@ class Run:
     evals: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    segments: list = field(default_factory=list)
 
     def setting(self, name, default=None):
         """A run setting (``algo``, ``delay``, ``comm``, ...) from the config, then the summary."""
@@ -117,6 +127,42 @@ class Run:
             if isinstance(source, dict) and source.get(name) is not None and not isinstance(source.get(name), dict):
                 return source[name]
         return default
+
+    def history(self, name) -> list:
+        """The values setting ``name`` took over the run's parts (``segments``), in order, each change
+        once: ``[0.05, 0.01]`` for a run resumed at another lr. Besides the settings: ``world_size``
+        and ``global_batch`` (per-rank batch x training ranks; None where the world size is unknown).
+        A run without ``start`` records has one part, its config's."""
+        parts = self.segments or [{"world_size": self.setting("world_size"), "config": self.config}]
+        values = []
+        for part in parts:
+            value = self._value(part, name)
+            if not values or _setting_text(values[-1]) != _setting_text(value):
+                values.append(value)
+        return values
+
+    def history_text(self, name) -> str | None:
+        """``history(name)`` as a label shows it (``0.05→0.01``); None where it was never set."""
+        values = self.history(name)
+        return None if all(v is None for v in values) else "→".join(_setting_text(v) for v in values)
+
+    def _value(self, part: dict, name):
+        """Setting ``name`` in one part of the run (see ``history``)."""
+        config = part.get("config") or {}
+        if name == "world_size":
+            return part.get("world_size")
+        if name == "global_batch":
+            if part.get("global_batch") is not None:
+                return part["global_batch"]
+            batch, workers = config.get("batch_size", self.setting("batch_size")), part.get("workers")
+            if workers is None and part.get("world_size") is not None and self.spec is not None:
+                try:
+                    workers = self.spec.workers(SimpleNamespace(**config), int(part["world_size"]))
+                except (AttributeError, TypeError, ValueError):
+                    workers = None
+            return int(batch) * int(workers) if number(batch) is not None and number(workers) is not None else None
+        value = config.get(name)
+        return self.setting(name) if value is None and not self.segments else value
 
     @property
     def algo(self) -> str:
@@ -151,10 +197,14 @@ class Run:
     @property
     def label(self) -> str:
         """A short legend label: ``ssgd``, ``ssd period k=5``, ``localsgd k=5`` (the algorithm's ``label``
-        parts with this run's settings; an unknown algorithm shows its k; no algorithm: the dir name)."""
+        parts with this run's settings, as their history reads: ``k=5→10``; an unknown algorithm shows
+        its k; no algorithm: the dir name)."""
         if self.algo == "?":
             return self.path.name
-        values = {"delay": self.k} | {name: self.setting(name) for name in registry.SETTINGS if name != "delay"}
+        spec = self.spec
+        fixed = spec is not None and "delay" in spec.fixed
+        delay = None if self.k is None else str(self.k) if fixed else self.history_text("delay") or str(self.k)
+        values = {"delay": delay} | {name: self.history_text(name) for name in registry.SETTINGS if name != "delay"}
         parts = self.spec.label if self.spec is not None else ("k={delay}",)
         shown = [p.format(**values) for p in parts if all(values.get(n) is not None for n in _fields(p))]
         return " ".join([self.algo] + shown)
@@ -228,9 +278,10 @@ class Run:
 
 
 # Settings that tell runs apart in a legend: each one whose value differs between the runs of
-# a figure is added to every label (``ssd period k=5 seed=1 lr=0.1``), as ``name=value``.
-LEGEND_SETTINGS = (("seed", "seed"), ("lr", "lr"), ("batch_size", "batch"), ("model", "model"),
-                   ("dataset", "data"), ("widths", "widths"))
+# a figure, or changed within one (a resume), is added to every label (``ssd period k=5 seed=1
+# lr=0.1``), as ``name=value`` (``Run.history_text``). ``batch`` is the global batch.
+LEGEND_SETTINGS = (("seed", "seed"), ("lr", "lr"), ("global_batch", "batch"), ("world_size", "ranks"),
+                   ("model", "model"), ("dataset", "data"), ("widths", "widths"))
 
 
 def _setting_text(value) -> str:
@@ -244,13 +295,14 @@ def _setting_text(value) -> str:
 
 
 def differing_settings(runs) -> list:
-    """The ``(setting, name)`` pairs of ``LEGEND_SETTINGS`` whose values differ between ``runs``."""
+    """The ``(setting, name)`` pairs of ``LEGEND_SETTINGS`` whose values differ between ``runs`` or
+    changed within one of them."""
     return [(key, name) for key, name in LEGEND_SETTINGS
-            if len({_setting_text(run.setting(key)) for run in runs}) > 1]
+            if len({run.history_text(key) for run in runs}) > 1 or any(len(run.history(key)) > 1 for run in runs)]
 
 
 def _suffix(run, differing) -> str:
-    return "".join(f" {name}={_setting_text(run.setting(key))}" for key, name in differing)
+    return "".join(f" {name}={_setting_text(run.history_text(key))}" for key, name in differing)
 
 
 def _fields(template: str) -> list:
@@ -323,8 +375,9 @@ def load_run(run_dir) -> Run:
         kind = str(get(record, "kind", "")).lower()
         if kind == "start":
             config = record.get("config")
-            if isinstance(config, dict):
-                run.config = {**config, **run.config}
+            run.segments.append({"step": record.get("step"), "world_size": record.get("world_size"),
+                                 "workers": record.get("workers"), "global_batch": record.get("global_batch"),
+                                 "config": config if isinstance(config, dict) else {}})
         elif kind == "eval" or (not kind and get(record, "test_acc") is not None):
             run.evals.append(record)
         elif kind in ("step", ""):
@@ -332,6 +385,8 @@ def load_run(run_dir) -> Run:
         # other kinds (checkpoint, stop) say nothing the figures use
     if not run.steps and not run.evals:
         raise UserError(f"{path}: empty (no step or evaluation records); did the run start?")
+    if run.segments:       # the last part's settings, under config.yaml's (which the last part wrote)
+        run.config = {**run.segments[-1]["config"], **run.config}
     return run
 
 
@@ -431,8 +486,14 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
     ax.set_ylabel("test accuracy (%): global model W, rank 0's local model L")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    _legend_beside(ax)
     return fig
+
+
+def _legend_beside(ax) -> None:
+    """The legend to the right of the axes, top-aligned: it never covers a curve (the saved
+    figure grows to hold it)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
 
 
 def _loss_figure(plt, runs, prefix=""):
@@ -462,7 +523,7 @@ def _loss_figure(plt, runs, prefix=""):
     for ax, drawn in ((left, drawn_left), (right, drawn_right)):
         ax.grid(True, alpha=0.3)
         if drawn:
-            ax.legend(fontsize="small")
+            ax.legend(loc="best", fontsize="small")
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
     return fig
@@ -507,7 +568,7 @@ def _throughput_figure(plt, runs, prefix=""):
     ax.set_xticks(sorted(ks))
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend_beside(ax)
     return fig
 
 
@@ -517,10 +578,10 @@ def _breakdown_figure(plt, runs, prefix=""):
     from ssdmpi.phases import BREAKDOWN, LABELS
 
     rows = []
-    for run in runs:
+    for run, label in zip(runs, legend_labels(runs)):   # the legends' labels: runs of one algorithm differ
         means = per_step_means(run, BREAKDOWN)
         if all(means[k] is not None for k in BREAKDOWN):
-            rows.append((run.label, means))
+            rows.append((label, means))
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.5 * len(rows)))

@@ -228,3 +228,87 @@ def test_accuracy_and_loss_mark_the_end_of_the_warm_up_and_show_the_local_model(
     vertical = [line for line in fig.axes[0].lines if line.get_label() == "_" + WARMUP_END]
     assert len(vertical) == 1 and list(vertical[0].get_xdata()) == [5, 5]
     plt.close(fig)
+
+
+# ---- labels from a run's history, the breakdown's rows, legends off the curves ----------------
+
+BREAKDOWN_MS = {"fb_s": 2.0, "update_s": 0.5, "data_s": 0.1, "blocked_s": 1.0, "progress_s": 0.1, "sync_s": 0.2,
+                "other_s": 0.1}
+
+
+def write_parts(run_dir, parts, global_batch_recorded=True):
+    """A run directory in parts, as a run and its resumes write it: each part a start record (its
+    config and world size), 10 step records (with a step breakdown) and an evaluation.
+    ``parts``: ``[(world_size, config), ...]``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    records, step = [], 0
+    for world_size, config in parts:
+        start = {"kind": "start", "step": step, "world_size": world_size, "config": config}
+        if global_batch_recorded:
+            start.update(workers=world_size, global_batch=config["batch_size"] * world_size)
+        records.append(start)
+        for _ in range(10):
+            step += 1
+            records.append({"kind": "step", "step": step, "epoch": step / 10, "stage": "delay", "loss": 1.0 / step,
+                            "samples_per_s": 1000.0, "step_s": sum(BREAKDOWN_MS.values()) / 1e3,
+                            **{k: v / 1e3 * config["lr"] * 20 for k, v in BREAKDOWN_MS.items()}})
+        records.append({"kind": "eval", "step": step, "epoch": step / 10, "test_acc": 0.8, "test_loss": 0.5})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+SSD5 = {"algo": "ssd", "comm": "period", "delay": 5, "seed": 0, "model": "mlp", "dataset": "digits"}
+
+
+def test_a_resumed_run_is_labelled_by_its_history_and_the_global_batch(tmp_path):
+    from ssdmpi.plot import legend_labels, load_run
+
+    # lr 0.05, resumed at 0.01 on half the ranks (the global batch of 64 kept: 16 per rank, then 32)
+    resumed = load_run(write_parts(tmp_path / "resumed", [(4, dict(SSD5, lr=0.05, batch_size=16)),
+                                                         (2, dict(SSD5, lr=0.01, batch_size=32))]))
+    straight = load_run(write_parts(tmp_path / "straight", [(4, dict(SSD5, lr=0.05, batch_size=16))]))
+    assert resumed.history("lr") == [0.05, 0.01] and resumed.history("global_batch") == [64]
+    assert legend_labels([resumed, straight]) == ["ssd period k=5 lr=0.05→0.01 ranks=4→2",
+                                                  "ssd period k=5 lr=0.05 ranks=4"]
+    # alone, a run still shows what changed in it
+    assert legend_labels([resumed]) == ["ssd period k=5 lr=0.05→0.01 ranks=4→2"]
+    # start records that do not say the global batch: per-rank batch x ranks
+    parts = [(4, dict(SSD5, lr=0.05, batch_size=16)), (4, dict(SSD5, lr=0.05, batch_size=32))]
+    old = load_run(write_parts(tmp_path / "old", parts, global_batch_recorded=False))
+    assert legend_labels([old, straight]) == ["ssd period k=5 batch=64→128", "ssd period k=5 batch=64"]
+
+
+def test_the_step_breakdown_tells_runs_of_one_algorithm_apart(tmp_path):
+    """Three ssd runs at three learning rates (their breakdowns scaled by lr, so they differ): three
+    bars, each labelled with its lr, and each bar as long as its run's step."""
+    from ssdmpi.plot import _breakdown_figure, _pyplot, load_run
+
+    runs = [load_run(write_parts(tmp_path / f"lr{lr}", [(2, dict(SSD5, lr=lr, batch_size=16))]))
+            for lr in (0.05, 0.1, 0.2)]
+    plt = _pyplot()
+    fig = _breakdown_figure(plt, runs)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["ssd period k=5 lr=0.05", "ssd period k=5 lr=0.1",
+                                                            "ssd period k=5 lr=0.2"]
+    ends = {}
+    for patch in ax.patches:
+        row = round(patch.get_y() + patch.get_height() / 2)
+        ends[row] = max(ends.get(row, 0.0), patch.get_x() + patch.get_width())
+    plt.close(fig)
+    total = sum(BREAKDOWN_MS.values())
+    assert [ends[row] for row in sorted(ends)] == pytest.approx([total * lr * 20 for lr in (0.05, 0.1, 0.2)])
+
+
+def test_the_accuracy_legend_is_beside_the_curves_not_over_them(tmp_path):
+    from ssdmpi.plot import _accuracy_figure, _pyplot, load_run
+
+    runs = [load_run(write_run(tmp_path / "ssgd", algo="ssgd")),
+            load_run(write_run(tmp_path / "ssd", algo="ssd", k=5, comm="period"))]
+    plt = _pyplot()
+    for x in ("epoch", "train_time"):
+        fig = _accuracy_figure(plt, runs, x, x, "t")
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert legend.x0 >= axes.x1, (legend, axes)       # wholly to the right of the plotting area
+        plt.close(fig)
