@@ -9,9 +9,12 @@
                                                    (ckpt-<step>/ beside them), which also resumes on
                                                    another number of ranks
 
-PATH is a checkpoint (``RUN/checkpoints/ckpt-<step>``, its ``best`` or ``last`` link, a format-1
-``.h5`` file) or a run directory (its newest valid checkpoint; ``verify``: all of them). Serial;
-no MPI. The layout is documented in ``ssdmpi/checkpoint/sharded.py``.
+PATH is a checkpoint (``RUN/checkpoints/ckpt-<step>``, its ``best`` or ``last`` link, one of its
+files, which stands for the whole checkpoint, a format-1 ``.h5`` file) or a run directory (its
+newest valid checkpoint; ``verify``: all of them). A file that is no checkpoint at all (not HDF5,
+or HDF5 of something else) is reported as that, not as a corrupt checkpoint. Serial; no MPI:
+under mpiexec, ranks other than 0 do nothing. The layout is documented in
+``ssdmpi/checkpoint/sharded.py``.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", parser_class=type(parser))
     sub.required = True
     p = sub.add_parser("inspect", help="print a summary of what a checkpoint holds")
-    p.add_argument("path", help="checkpoint, or a run directory (its newest checkpoint)")
+    p.add_argument("path", help="checkpoint (or a file of one), or a run directory (its newest checkpoint)")
     p.add_argument("--arrays", action="store_true", help="also list every array of every rank")
     p.add_argument("--json", action="store_true", help="print the metadata as JSON")
     p = sub.add_parser("verify", help="verify every dataset's checksum")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="checkpoints, or run directories (all their checkpoints)")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="checkpoints (or files of them), or run directories (all their checkpoints)")
     p = sub.add_parser("list", help="list a run's checkpoints and whether each verifies")
     p.add_argument("run_dir", help="run directory (or its checkpoints/ directory)")
     p = sub.add_parser("convert", help="rewrite format-1 checkpoint files (ckpt-<step>.h5) as format 2")
@@ -37,8 +41,11 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ssdmpi import checkpoint
+    from ssdmpi.comm.abort import launcher_rank
     from ssdmpi.errors import UserError
 
+    if launcher_rank() != 0:   # started under mpiexec: one process reads and reports
+        return 0
     if args.ckpt_command == "inspect":
         path = checkpoint.resolve_path(args.path, deep=False)
         meta = checkpoint.read_meta(path)
@@ -52,12 +59,9 @@ def run(args) -> int:
         paths = [p for arg in args.paths for p in _checkpoints_of(arg)]
         bad = 0
         for path in paths:
-            problems = checkpoint.verify(path)
-            if problems:
-                bad += 1
-                print(f"{path}: CORRUPT: " + "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""))
-            else:
-                print(f"{path}: ok")
+            status = _status(path, every=True)
+            bad += status != "ok"
+            print(f"{path}: {status}")
         if bad:
             raise UserError(f"{bad} of {len(paths)} checkpoints failed verification")
         return 0
@@ -73,13 +77,29 @@ def run(args) -> int:
     found = checkpoint.list_checkpoints(directory)
     if not found:
         print(f"no checkpoints in {directory}")
+    else:
+        print(f"{'step':>10}  {'checkpoint':<18} {'size':>10}  status")
     for step, path in found:
-        problems = checkpoint.verify(path)
-        status = "ok" if not problems else "CORRUPT: " + problems[0]
+        status = _status(path)
         marks = _links_to(path)
         print(f"{step:>10}  {os.path.basename(path):<18} {_mb(checkpoint.size_of(path)):>10}  {status}"
               + (f"  ({', '.join(marks)})" if marks else ""))
     return 0
+
+
+def _status(path: str, every: bool = False) -> str:
+    """``ok``, ``not an ssdmpi checkpoint (why)`` for a file that is none, or ``CORRUPT: problem``
+    (``every``: up to three problems)."""
+    from ssdmpi import checkpoint
+    from ssdmpi.checkpoint.format import not_a_checkpoint
+
+    if os.path.isfile(path) and (why := not_a_checkpoint(path)):
+        return f"not an ssdmpi checkpoint ({why})"
+    problems = checkpoint.verify(path)
+    if not problems:
+        return "ok"
+    shown = problems[:3] if every else problems[:1]
+    return "CORRUPT: " + "; ".join(shown) + (" ..." if every and len(problems) > 3 else "")
 
 
 def _links_to(path: str) -> list:
@@ -108,6 +128,7 @@ def _checkpoints_of(path: str) -> list:
 
     if not os.path.exists(path):
         raise UserError(f"{path} does not exist")
+    path = checkpoint.store.containing_checkpoint(path)
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "manifest.json")) \
             or checkpoint.store.NAME_RE.match(os.path.basename(os.path.normpath(path))):
         return [path]

@@ -237,10 +237,30 @@ def dataset_digest(ds) -> str:
     return digest(np.asarray(ds[()]))
 
 
+def not_a_checkpoint(path: str) -> str | None:
+    """Why the existing file ``path`` is no ssdmpi checkpoint at all, or None when it claims to be one
+    (``verify`` then says whether it is intact). Not an HDF5 file (its signature is missing), or an
+    HDF5 file with neither the ``format`` attribute nor ``/meta``: such a file is something else,
+    not a damaged checkpoint. A file h5py cannot open past its signature is a damaged one (None)."""
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        return "not an HDF5 file"
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT and "meta" not in f:
+                return "an HDF5 file without an ssdmpi checkpoint's format attribute and /meta"
+    except Exception:   # h5py raises OSError/KeyError/RuntimeError on damaged files
+        return None
+    return None
+
+
 def read_meta(path: str) -> dict:
     """The ``/meta`` record (config, step, world size, manifest, ...); ``CheckpointError`` if unreadable."""
     import h5py
 
+    if os.path.isfile(path) and (why := not_a_checkpoint(path)):
+        raise CheckpointError(f"{path} is not an ssdmpi checkpoint ({why})")
     try:
         with h5py.File(path, "r") as f:
             return _meta(f, path)
@@ -274,6 +294,8 @@ def verify(path: str) -> list:
     """Problems found in the checkpoint at ``path`` (empty list: every checksum verifies)."""
     import h5py
 
+    if os.path.isfile(path) and (why := not_a_checkpoint(path)):
+        return [f"not an ssdmpi checkpoint ({why})"]
     problems = []
     try:
         with h5py.File(path, "r") as f:

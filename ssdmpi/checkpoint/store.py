@@ -114,10 +114,22 @@ def select_resume(directory: str, warn=None, deep: bool = True) -> str | None:
     return None
 
 
+def containing_checkpoint(path: str) -> str:
+    """``path``, or the format-2 checkpoint directory that holds the file ``path`` (one of its rank
+    files or its manifest: each stands for the whole checkpoint, since ``W`` is split across them)."""
+    parent, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    if os.path.isfile(path) and os.path.exists(os.path.join(parent, sharded.MANIFEST)) \
+            and (name == sharded.MANIFEST or re.fullmatch(r"rank-\d{4,}\.h5", name)):
+        return os.path.dirname(path) or parent
+    return path
+
+
 def resolve_path(path: str, deep: bool = True) -> str:
-    """A checkpoint from PATH: a checkpoint (directory, its ``best``/``last`` link, or a format-1
-    file), or the newest valid one of a run directory or its ``checkpoints/``. ``deep=False``:
-    checked for completeness only (the caller verifies what it reads)."""
+    """A checkpoint from PATH: a checkpoint (directory, its ``best``/``last`` link, a file of it, or
+    a format-1 file), or the newest valid one of a run directory or its ``checkpoints/``.
+    ``deep=False``: checked for completeness only (the caller verifies what it reads).
+    ``CheckpointError`` (one line) for a path that is missing, not a checkpoint or corrupt."""
+    path = containing_checkpoint(path)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, sharded.MANIFEST)) \
             and not NAME_RE.match(os.path.basename(os.path.normpath(path))):
         directory = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
@@ -127,6 +139,9 @@ def resolve_path(path: str, deep: bool = True) -> str:
         return chosen
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if os.path.isfile(path) and (why := format1.not_a_checkpoint(path)):
+        raise CheckpointError(f"{path} is not an ssdmpi checkpoint ({why}); give a checkpoint directory "
+                              "(RUN/checkpoints/ckpt-<step>) or a run directory")
     problems = verify(path, deep)
     if problems:
         raise CheckpointError(f"checkpoint {path} is corrupt: {problems[0]}")
