@@ -39,9 +39,11 @@ def resolve_run(args, world_size: int | None):
     """Rank 0: ``(cfg, soft, ckpt_path, ckpt_meta)`` for ``ssdmpi train ARGS`` on ``world_size`` ranks.
 
     Resolves ``--resume`` (``auto``: the newest checkpoint that verifies in the run
-    directory), resolves the configuration over the checkpoint's, fits it to ``world_size``
-    ranks (``fit_world``; None: not checked) and finds the run directory: given, or the
-    resumed checkpoint's; None for a new default one (``configure`` claims it). Creates nothing.
+    directory, for as long as the run was last asked to train: ``last_asked_length``), resolves
+    the configuration over the checkpoint's, fits it to ``world_size`` ranks (``fit_world``;
+    None: not checked) and finds the run directory: given, or the resumed checkpoint's; None for
+    a new default one (``configure`` claims it). A relative ``data_path`` becomes absolute (the
+    run and its checkpoints are read again from other directories). Creates nothing.
     ``soft``: the settings that came from a preset, not from the user (they may be dropped
     where they do not apply).
     """
@@ -55,7 +57,12 @@ def resolve_run(args, world_size: int | None):
         ckpt_path = checkpoint.resolve_path(resume)
     if ckpt_path is not None:
         ckpt_meta = checkpoint.read_meta(ckpt_path)
-    cfg = configuration.resolve(args, None if ckpt_meta is None else ckpt_meta.get("config"))
+    base = None if ckpt_meta is None else ckpt_meta.get("config")
+    if resume == "auto" and base is not None:
+        base = last_asked_length(args.run_dir, base)
+    cfg = configuration.resolve(args, base)
+    if cfg.data_path:
+        cfg.data_path = os.path.abspath(os.path.expanduser(cfg.data_path))
     if ckpt_meta is not None and world_size is not None:
         fit_world(cfg, ckpt_meta, world_size, "batch_size" in configuration.from_flags(args))
     if cfg.run_dir is None or (ckpt_path is not None and not args.run_dir):
@@ -65,6 +72,32 @@ def resolve_run(args, world_size: int | None):
     if cfg.widths is not None and cfg.model != "mlp" and "widths" in soft:
         cfg.widths = None      # the preset's mlp widths; this model has its own shape
     return cfg, soft, ckpt_path, ckpt_meta
+
+
+def last_asked_length(run_dir: str, ckpt_config: dict) -> dict:
+    """``--resume auto``: the checkpoint's config with the run's length (``steps``, ``epochs``) as
+    the run was last asked for in ``run_dir/config.yaml`` (written when each attempt starts).
+
+    A run extended (``--resume auto --epochs 5``) whose newer checkpoints were skipped as corrupt,
+    or that stopped before its first one, resumes from a checkpoint that records the old length;
+    the run itself was asked for the new one, which flags still override. No readable
+    ``config.yaml``: the checkpoint's config as it is."""
+    try:
+        saved = configuration.load_file(os.path.join(run_dir, "config.yaml"))
+    except UserError:
+        return ckpt_config
+    return dict(ckpt_config, **{k: saved[k] for k in configuration.RUN_LENGTH if k in saved})
+
+
+def check_lr_warmup(cfg, algo_cfg) -> None:
+    """``UserError`` unless the lr warm-up (``--lr-warmup-epochs``) ends before the run does: a
+    warm-up as long as the run never trains at ``--lr`` (at 50 epochs of warm-up in a 20-epoch
+    run the lr ends at 40% of it)."""
+    warmup, total = int(algo_cfg.lr_warmup_steps), int(algo_cfg.total_steps)
+    if warmup and warmup >= total:
+        raise UserError(f"--lr-warmup-epochs {cfg.lr_warmup_epochs:g} ({warmup} steps) is not shorter than the run "
+                        f"({total} steps): the lr would never reach --lr {cfg.lr:g}; give a warm-up shorter than the "
+                        "run, or train longer (--epochs, --steps)")
 
 
 def fit_world(cfg, meta: dict, world_size: int, batch_given: bool) -> None:
@@ -241,6 +274,7 @@ def setup(cfg, soft: set, ckpt_meta, comm, xp, resources, model=None, dataset=No
         loader and loader.steps_per_epoch, root=0)
     total_steps = cfg.total_steps(E)
     algo_cfg = comm.agree(lambda: configuration.algo_config(cfg, soft, E, total_steps, size))
+    comm.agree(lambda: check_lr_warmup(cfg, algo_cfg))
     cfg = configuration.resolved_settings(cfg, algo_cfg)
     if ckpt_meta is not None:
         comm.agree(lambda: configuration.check_resume(ckpt_meta.get("config", {}), cfg))
