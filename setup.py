@@ -41,8 +41,10 @@ setup(
         "plot": ["matplotlib>=3.6"],
         # ssdmpi train --tensorboard (event files; no PyTorch). tensorboard itself only reads them.
         "tensorboard": ["tensorboardX>=2.6"],
+        # ssdmpi export: the global model as a .safetensors file.
+        "export": ["safetensors>=0.4"],
         # torch is a test oracle only; .ci/run installs the CPU build (torch==2.13.0) explicitly.
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "ruff>=0.5"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "matplotlib>=3.6", "ruff>=0.5", "safetensors>=0.4"],
     },
     entry_points={"console_scripts": ["ssdmpi = ssdmpi.cli:main"]},
     scripts=["bin/ssdmpi-netns", "bin/ssdmpi-cluster", "bin/ssdmpi-gpucheck"],

@@ -37,6 +37,7 @@ COMMANDS = {
     "info": ("ssdmpi.info", "versions, MPI library and thread level, array backend, CUDA-awareness"),
     "ckpt": ("ssdmpi.checkpoint_cli", "inspect and verify checkpoints"),
     "data": ("ssdmpi.data.cli", "list datasets and convert them to the HDF5 layout"),
+    "export": ("ssdmpi.export_cli", "write a run's global model as a .safetensors file (PyTorch names)"),
 }
 
 

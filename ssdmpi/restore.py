@@ -1,42 +1,127 @@
-"""A trained model back from its checkpoint: ``ssdmpi.load_model(path, model=None)``, and the
-pieces ``ssdmpi eval`` rebuilds a model and its test data with.
+"""A trained model back from its checkpoint: ``ssdmpi.load_model(path, model=None,
+normalisation=None)``, and the pieces ``ssdmpi eval`` and ``ssdmpi export`` rebuild a model and
+its test data with.
 
 A checkpoint names its model as the run did (``config.model``: a built-in or registered name,
-or ``package.module:factory``), with the options the run passed (``widths``), its dtype and
-the data's per-sample shape and number of classes (``input_shape``, ``num_classes`` in its
-metadata); ``checkpoint.read_model`` reads only the global weights ``W`` and rank 0's BatchNorm
-statistics. Serial: no MPI.
+or ``package.module:factory``), with the options the run passed (``widths``), its dtype, the
+data's per-sample shape and number of classes (``input_shape``, ``num_classes`` in its metadata)
+and the data's normalisation (``normalisation``: ``ssdmpi/data/normalisation.py``; checkpoints
+written before it was recorded lack it); ``checkpoint.read_model`` reads only the global weights
+``W`` and the BatchNorm statistics that go with them. Serial: no MPI.
 """
 
 from __future__ import annotations
 
 import os
+import types
 
 from ssdmpi.errors import UserError
 
+PREDICT_BATCH = 1024   # samples per forward pass of predict (memory only: the results do not depend on it)
 
-def load_model(path, model=None):
-    """The model a run trained, with its global weights ``W`` (and rank 0's BatchNorm statistics)
-    loaded, on the host (NumPy); in inference use (``model.evaluate``, ``model.forward``).
 
-    ``path``: a run directory (its newest checkpoint that verifies) or a checkpoint file.
-    ``model``: None builds the checkpoint's own model from its config (a built-in model, or a
+def load_model(path, model=None, normalisation=None):
+    """The model a run trained, with its global weights ``W`` and their BatchNorm statistics
+    loaded, on the host (NumPy), ready for raw inputs: an ``ssdmpi.nn.Model`` (``forward``,
+    ``evaluate`` take normalised inputs) with, added here,
+
+    - ``predict(raw)``: the classes, ``(N,)`` int64;
+    - ``predict_proba(raw)``: the softmax of the logits, ``(N, classes)`` float64;
+    - ``predict_logits(raw)``: the logits, ``(N, classes)`` in the model's dtype;
+    - ``normalisation``: the ``Normalisation`` they apply first (None: unknown), and
+      ``checkpoint``: the checkpoint read.
+
+    ``raw``: samples as the dataset holds them (``ssdmpi/data/normalisation.py``: digits 0..16,
+    IDX and CIFAR-10 uint8 0..255, HDF5 and arrays as stored), ``(N, C, H, W)``, ``(N, H, W)`` for
+    one channel, ``(N, features)`` or each sample flattened.
+
+    ``path``: a run directory (its newest checkpoint that verifies), a checkpoint, or a file of
+    one. ``model``: None builds the checkpoint's own model from its config (a built-in model, or a
     factory it names as ``package.module:factory`` that can be imported here); a name or a
     factory builds that one instead (the factory of a script's ``__main__``, which cannot be
-    imported); a built ``ssdmpi.nn.Model`` receives the weights. ``UserError`` (one line) when
-    the checkpoint is unusable, its model cannot be rebuilt, or the model does not fit it.
+    imported); a built ``ssdmpi.nn.Model`` receives the weights (and is returned).
+    ``normalisation``: for a checkpoint that does not record it, the data's: an
+    ``ssdmpi.data.Dataset`` (e.g. ``ssdmpi.data.load_dataset("digits")``), a ``Normalisation`` or
+    its record. ``UserError`` (one line) when the checkpoint is unusable, its model cannot be
+    rebuilt, or the model does not fit it.
     """
+    from ssdmpi import checkpoint
+
+    return from_checkpoint(checkpoint.resolve_path(os.fspath(path)), model, normalisation)[0]
+
+
+def from_checkpoint(ckpt: str, model=None, normalisation=None):
+    """``(model, meta)``: ``load_model`` of the checkpoint ``ckpt`` (resolved: ``checkpoint.resolve_path``),
+    and its metadata."""
     import numpy as np
 
     from ssdmpi import checkpoint
 
-    ckpt = checkpoint.resolve_path(os.fspath(path))
     meta, weights, buffers = checkpoint.read_model(ckpt)
     if model is None or not _is_model(model):
         shape, classes = data_shape(ckpt, meta)
         model = build(ckpt, meta.get("config", {}), shape, classes, model, xp=np,
                       instead="pass model= (the factory it was trained with, or a built ssdmpi.nn.Model)")
-    return load_weights(model, {"global_weights": weights, "buffers": buffers}, ckpt)
+    model = load_weights(model, {"global_weights": weights, "buffers": buffers}, ckpt)
+    model.checkpoint = ckpt
+    model.normalisation = _normalisation(normalisation, meta)
+    for fn in (predict, predict_proba, predict_logits):
+        setattr(model, fn.__name__, types.MethodType(fn, model))
+    return model, meta
+
+
+def _normalisation(given, meta: dict):
+    """``load_model``'s ``normalisation``: the one given (a Dataset, a Normalisation, a record), else
+    the checkpoint's record, else None."""
+    from ssdmpi.data.normalisation import Normalisation
+
+    if given is None:
+        recorded = meta.get("normalisation")
+        return None if recorded is None else Normalisation.from_record(recorded)
+    if isinstance(given, Normalisation):
+        return given
+    if isinstance(given, dict):
+        return Normalisation.from_record(given)
+    norm = Normalisation.of(given)
+    if norm is None:
+        raise UserError(f"normalisation= takes an ssdmpi.data.Dataset, a Normalisation or its record, "
+                        f"not {type(given).__name__}")
+    return norm
+
+
+def predict_logits(model, raw, batch_size: int = PREDICT_BATCH):
+    """The logits ``(N, classes)`` of raw inputs (``load_model``): normalised as the run's data
+    was, then ``model.forward(x, train=False)`` in batches; a NumPy array in the model's dtype."""
+    import numpy as np
+
+    from ssdmpi.backend import to_host
+
+    if model.normalisation is None:
+        raise UserError(f"{model.checkpoint} does not record its data's normalisation (it was written by an older "
+                        "ssdmpi): pass it, ssdmpi.load_model(path, normalisation=ssdmpi.data.load_dataset(NAME)), or "
+                        "give model.forward(x, train=False) inputs normalised as in training")
+    x = model.normalisation.apply(raw, model.input_shape, model.dtype)
+    out = np.empty((len(x),) + tuple(model.output_shape), dtype=model.dtype)
+    for start in range(0, len(x), batch_size):
+        out[start:start + batch_size] = to_host(model.forward(model.xp.asarray(x[start:start + batch_size]),
+                                                              train=False))
+    return out
+
+
+def predict_proba(model, raw, batch_size: int = PREDICT_BATCH):
+    """The class probabilities ``(N, classes)`` of raw inputs: the softmax of ``predict_logits``, in float64."""
+    import numpy as np
+
+    z = predict_logits(model, raw, batch_size).astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+def predict(model, raw, batch_size: int = PREDICT_BATCH):
+    """The predicted classes ``(N,)`` int64 of raw inputs: the largest logit's index."""
+    return predict_logits(model, raw, batch_size).argmax(axis=1).astype("int64")
 
 
 def _is_model(obj) -> bool:

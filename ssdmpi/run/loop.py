@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ssdmpi import backend
+from ssdmpi.data.normalisation import record as normalisation_record
 from ssdmpi.errors import DIVERGED_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT
 from ssdmpi.phases import BREAKDOWN, breakdown, clock
 from ssdmpi.run.job import Job, Stop
@@ -341,7 +342,8 @@ def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None, r
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
             "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc"), "workers": job.workers,
             "global_batch": cfg.batch_size * job.workers,
-            "input_shape": list(job.dataset.input_shape), "num_classes": int(job.dataset.num_classes)}
+            "input_shape": list(job.dataset.input_shape), "num_classes": int(job.dataset.num_classes),
+            "normalisation": normalisation_record(job.dataset)}
     for record in job.checkpoints.save(comm, state.step, meta, tree, replicated, weights, background):
         committed(job, out, record)
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, mpiexec, run_cli
 
-SUBCOMMANDS = ("train", "eval", "bench", "plot", "info", "ckpt", "data")
+SUBCOMMANDS = ("train", "eval", "bench", "plot", "info", "ckpt", "data", "export")
 
 
 def test_help_lists_every_subcommand():
