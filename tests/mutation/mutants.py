@@ -35,6 +35,7 @@ MPI_WRITER = "tests/mpi/test_checkpoint_writer.py"
 MPI_RESIZE = "tests/mpi/test_resize.py"
 MPI_ASGD = "tests/mpi/test_asgd.py"
 MPI_AUTO = "tests/mpi/test_auto_delay.py"
+ASGD_SERIAL = ("tests/unit/test_asgd_reference.py", "tests/unit/test_asgd_cli.py")   # shard(), the 3-rank job
 ALGOS_DELTA_MERGE = ("tests/mpi/test_algos.py", "-k", "delta-merge")      # serially: a world of one rank
 NEEDS_WORKERS = "with 2 ranks asgd has one worker, whose pushes are never stale: the rate is eta at every push"
 NEEDS_BOTH_WORLDS = "asgd needs a server and a worker in the old world and in the new one: a resize in one job, 4 ranks"
@@ -87,17 +88,17 @@ MUTANTS = [
     Mutant("asgd: the staleness-aware rate divides by the staleness alone, at least 1", ASGD,
            "return eta / (1 + staleness) if staleness_rate else eta",
            "return eta / max(1, staleness) if staleness_rate else eta",
-           ("tests/unit/test_asgd_cli.py",), (MPI_ASGD, "-k", "reference"), ranks=(4,), why=NEEDS_WORKERS),
+           ASGD_SERIAL, (MPI_ASGD, "-k", "reference"), ranks=(4,), why=NEEDS_WORKERS),
     Mutant("asgd: a push's staleness counted from the update before its worker's pull", ASGD,
            "        self.version[w] = self.s\n", "        self.version[w] = self.s - 1\n",
-           ("tests/unit/test_asgd_cli.py",), (MPI_ASGD, "-k", "reference")),
+           ASGD_SERIAL, (MPI_ASGD, "-k", "reference")),
     Mutant("asgd: the shards leave out the remainder of an uneven split", ASGD,
            "    return slice(start, start + base + (1 if j < extra else 0))", "    return slice(start, start + base)",
-           ("tests/unit/test_asgd_cli.py",), (MPI_ASGD, "-k", "reference"), ranks=(4,), why=NEEDS_SERVERS),
+           ASGD_SERIAL, (MPI_ASGD, "-k", "reference"), ranks=(4,), why=NEEDS_SERVERS),
     Mutant("asgd: the shards leave out the last parameter (split n - 1 elements)", ASGD,
            "    base, extra = divmod(int(num_params), int(servers))",
            "    base, extra = divmod(int(num_params) - 1, int(servers))",
-           ("tests/unit/test_asgd_cli.py",), (MPI_ASGD, "-k", "reference")),
+           ASGD_SERIAL, (MPI_ASGD, "-k", "reference")),
     # --- algos/auto_delay.py: --delay auto's choice --------------------------------------------------------
     Mutant("auto_delay: the stability test accepts a pair stable at any one lr x curvature", AUTO,
            "return bool((stability.spectral_radius(T) <= 1 + stability.TOL).all())",

@@ -57,7 +57,7 @@ def run_planted(directory: Path, via_run_py: bool, *args, **env) -> tuple:
     to ``logs/rank1.log``, if ``via_run_py``): (exit code, console output, seconds)."""
     python = [sys.executable, str(ROOT / "tests" / "mpi_pytest.py"), str(directory / "logs")] if via_run_py \
         else [sys.executable, "-m", "pytest"]
-    cmd = [mpiexec(), "-n", "2"] + python + ["-q", "-p", "no:cacheprovider", "test_planted.py", *args]
+    cmd = [mpiexec(), "-n", "2"] + python + ["-q", "--color=no", "-p", "no:cacheprovider", "test_planted.py", *args]
     environ = {k: v for k, v in os.environ.items() if k not in (CONSOLE_FD, "SSDMPI_TEST_AGREE_S")}
     environ.update(PYTHONPATH=str(ROOT), **env)
     start = time.monotonic()
