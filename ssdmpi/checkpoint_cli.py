@@ -149,13 +149,14 @@ def _pct(x) -> str:
 def summary(path: str, meta: dict, problems: list, arrays: bool = False) -> str:
     """The human summary of one checkpoint (``ssdmpi ckpt inspect``)."""
     from ssdmpi import checkpoint
+    from ssdmpi.algos import registry
 
     cfg = meta.get("config", {})
     marks = _links_to(path)
     n = int(meta.get("world_size", 0))
     algo = meta.get("algo") or cfg.get("algo")
-    details = {"ssd": f"comm {cfg.get('comm')}, k={cfg.get('delay')}", "odsgd": "k=1",
-               "localsgd": f"k={cfg.get('delay')}", "asgd": f"{cfg.get('servers')} server(s)"}.get(algo, "")
+    spec = registry.find(algo)
+    details = spec.inspect(cfg) if spec is not None else ""
     epoch = meta.get("epoch")
     lines = [f"checkpoint {path}" + (f"  ({', '.join(marks)})" if marks else ""),
              f"  written {meta.get('created', '?')} ({meta.get('reason', '?')}), format {meta.get('format_version')}, "

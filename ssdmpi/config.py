@@ -1,6 +1,6 @@
 """The resolved training configuration: defaults < preset < YAML file < command-line flags.
 
-``SETTINGS`` declares every setting of a run once (``ssdmpi.algos.spec.Setting``: default,
+``SETTINGS`` declares every setting of a run once (``ssdmpi.spec.Setting``: default,
 check, help, flag): the data, the model, the run's length, the runtime and the run directory
 here, the optimizer's and the algorithms' in the registry (``ssdmpi/algos/registry.py``).
 ``TrainConfig``, its ``validate()``, the ``ssdmpi train`` flags, the YAML keys, the resume rules
@@ -99,8 +99,8 @@ SETTINGS = {s.name: s for s in (
     Setting("data_path", None, "where the dataset's files are", check=_text, metavar="PATH", group=DATA,
             default_text="the dataset's usual places"),
     Setting("augment", "none", "augmentation: none, flip, crop4 or crop4,flip", check=_augment, group=DATA),
-    Setting("model", "mlp", "model: mlp, wide-mlp, lenet5, resnet20 (ssdmpi.nn.MODELS), or package.module:factory "
-            "(docs/API.md)", check=_name, group=DATA, structural=True),
+    Setting("model", "mlp", "model: mlp, wide-mlp, lenet5, resnet20, gpt (ssdmpi.nn.MODELS), or "
+            "package.module:factory (docs/API.md)", check=_name, group=DATA, structural=True),
     Setting("widths", None, "hidden widths of mlp", _widths, _positive_ints, metavar="W1,W2", group=DATA,
             default_text="the model's own", structural=True),
     Setting("dtype", "float32", "parameter dtype", choices=("float32", "float64"), group=DATA, structural=True),
@@ -518,6 +518,8 @@ def _comments(cfg) -> dict:
             applies = key in run.applied
             out[key] = (f"not used by this run (only with {registry.where(key)})" if not applies
                         else f"default: {registry.default_text(key)}" if run[key] is None
+                        else f"the default for --optimizer {run.optimizer}" if registry.SETTINGS[key].group ==
+                        registry.OPTIMIZER and key != "optimizer" else "the default" if key == "optimizer"
                         else f"the default for --algo {cfg.algo}")
     if cfg.warmup_steps is None and cfg.warmup_epochs is not None:
         out["warmup_steps"] = "unset, --warmup-epochs decides"
@@ -546,7 +548,7 @@ def annotated_yaml(cfg) -> str:
     comments = _comments(cfg)
     for line in as_recorded(cfg).to_yaml().splitlines():
         key, sep, value = line.partition(": ")
-        if sep and key in comments and (value == "null") != comments[key].startswith("the default for"):
+        if sep and key in comments and (value == "null") != comments[key].startswith("the default"):
             line += f"   # {comments[key]}"
         elif sep and value == "null" and key in SETTINGS:
             line += f"   # default: {SETTINGS[key].default_text or default_help(key, presets)}"

@@ -34,15 +34,17 @@ there (``ssdmpi/run/loop.py``, ``LaggedSums``).
 
 from __future__ import annotations
 
-import numpy as np
-
-from ssdmpi import backend
 from ssdmpi.algos import resize
+from ssdmpi.algos.contract import TrainingAlgorithm
 from ssdmpi.errors import UserError
-from ssdmpi.optim.sgd import MomentumSGD
-from ssdmpi.phases import Phases, clock
+from ssdmpi.metrics import counted
+from ssdmpi.phases import clock
+from ssdmpi.spec import ALGORITHM, AlgorithmSpec, Setting
+from ssdmpi.validate import positive_int
 
 PUSH_TAG, PULL_TAG = 7401, 7402
+ORDERS = ("arrival", "round-robin")   # pushes applied as they arrive, or in worker order (tests)
+RATES = ("plain", "staleness")        # each push's lr: the global lr, or it / (1 + staleness)
 
 
 def worker_count(size: int, servers: int) -> int:
@@ -71,19 +73,23 @@ def pairwise_sum(xs: list):
     return xs[0]
 
 
-class ASGD:
+class ASGD(TrainingAlgorithm):
     """The parameter-server baseline; the public API of ``ssdmpi.algos`` (stage ``warmup``|``async``)."""
 
     name = "asgd"
     lockstep = False     # the workers meet only through the servers (see the module docstring)
 
-    def __init__(self, config, model, communicator):
+    def __init__(self, config, model, communicator, parts):
+        super().__init__()
+        from ssdmpi import backend  # late: the registry reads this module's settings for the CLI parser
+
         self.config, self.model, self.comm = config, model, communicator
+        self.optimizer = parts.optimizer
         self.N, self.S = int(communicator.size), int(config.servers)
         self.K = worker_count(self.N, self.S)
         self.T_w = int(config.warmup_steps)
-        self.round_robin = config.asgd_order == "round-robin"
-        self.staleness_rate = config.asgd_rate == "staleness"
+        self.round_robin = config.asgd_order == ORDERS[1]
+        self.staleness_rate = config.asgd_rate == RATES[1]
         self.xp = backend.array_module(model.params)
         self.schedule = config.global_schedule()
         self.shards = [shard(model.params.size, j, self.S) for j in range(self.S)]
@@ -92,17 +98,18 @@ class ASGD:
         self.W = model.params.copy()      # replica of the servers' W (see the module docstring)
         self.t = self.s = 0
         self.stale_sum = self.stale_n = self.stale_max = 0
-        self.phases = Phases()    # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
         self._stats = getattr(communicator, "stats", None)
         if self.is_server:
             self._init_server(model)
 
     def _init_server(self, model) -> None:
+        import numpy as np
+
         self.j = self.comm.rank - self.K
         sl = self.shards[self.j]
         self.Wj = self.W[sl]
-        self.Mj = self.xp.zeros_like(self.Wj)
-        self.sgd = MomentumSGD(self.config.momentum, self.config.weight_decay, model.flat.decay_mask()[sl])
+        self.sgd = self.optimizer.sliced(sl)      # the inner optimizer on this server's shard
+        self.Mj = self.sgd.init(self.Wj)
         self.version = np.zeros(self.K, dtype=np.int64)   # s when each worker last pulled
         self.pushes = np.zeros(self.K, dtype=np.int64)    # pushes applied per worker (its next t)
         self._inbox = [self.xp.empty_like(self.Wj) for _ in range(self.K)]
@@ -176,8 +183,7 @@ class ASGD:
     def __repr__(self) -> str:
         c = self.config
         return (f"ASGD(asgd, N={self.N}, servers={self.S}, workers={self.K}, order={c.asgd_order}, rate={c.asgd_rate}, "
-                f"T_w={self.T_w}, lr={c.lr}, momentum={c.momentum}, weight_decay={c.weight_decay}, "
-                f"t={self.t}, stage={self.stage})")
+                f"T_w={self.T_w}, lr={c.lr}, optimizer={self.optimizer}, t={self.t}, stage={self.stage})")
 
     # --- worker --------------------------------------------------------------------------
 
@@ -198,7 +204,7 @@ class ASGD:
         handles = [self.comm.recv_start(self._inbox[w], w, PUSH_TAG) for w in range(self.K)]
         self.comm.wait_all(handles)
         G = self._inbox[0] if self.K == 1 else pairwise_sum(self._inbox) / self.K
-        self.sgd.step(self.Wj, self.Mj, G, self.schedule(self.t))
+        self.sgd.update(self.Wj, self.Mj, G, self.schedule(self.t))
         self.s += 1
         self.stale_n += self.K
         for w in range(self.K):
@@ -216,8 +222,8 @@ class ASGD:
             self.stale_sum += staleness
             self.stale_n += 1
             self.stale_max = max(self.stale_max, staleness)
-            self.sgd.step(self.Wj, self.Mj, buf, push_lr(self.schedule(int(self.pushes[w])), staleness,
-                                                         self.staleness_rate))
+            self.sgd.update(self.Wj, self.Mj, buf, push_lr(self.schedule(int(self.pushes[w])), staleness,
+                                                           self.staleness_rate))
             self.s += 1
             self.pushes[w] += 1
             self._reply(w)
@@ -242,12 +248,14 @@ class ASGD:
         also ``L`` (the weights it pulled and computes on next); a server ``W_shard``, ``M_shard``,
         ``shard`` ([start, stop)), ``version`` and ``pushes`` (per worker). ``copy=False``: the
         live buffers, valid until the next step."""
+        import numpy as np
+
         self.drain()
         d = {"algo": self.name, "role": "server" if self.is_server else "worker", "t": int(self.t),
              "s": int(self.s), "stage": self.stage}
         if self.is_server:
             sl = self.shards[self.j]
-            d.update(W_shard=self.Wj, M_shard=self.Mj, shard=np.array([sl.start, sl.stop], dtype=np.int64),
+            d.update(W_shard=self.Wj, **self.Mj.entries("M_shard"), shard=np.array([sl.start, sl.stop], dtype=np.int64),
                      version=self.version, pushes=self.pushes)
         else:
             d["L"] = self.model.params
@@ -263,6 +271,8 @@ class ASGD:
 
     def load_state_dict(self, d: dict) -> None:
         """Restore ``state_dict()`` output into an ASGD built with the same config and world size."""
+        import numpy as np
+
         if str(d.get("algo")) != self.name:
             raise UserError(f"the checkpoint holds the state of algorithm {d.get('algo')!r}, not {self.name!r}")
         role = "server" if self.is_server else "worker"
@@ -275,7 +285,7 @@ class ASGD:
                 raise UserError("the checkpoint's server shards do not fit this model and --servers")
             self._wait_all_replies()
             self.Wj[...] = self.xp.asarray(d["W_shard"])
-            self.Mj[...] = self.xp.asarray(d["M_shard"])
+            self.Mj.load_entries(d, "M_shard", self.xp)
             self.version[...] = np.asarray(d["version"])
             self.pushes[...] = np.asarray(d["pushes"])
         else:
@@ -290,3 +300,30 @@ class ASGD:
     def _wait_all_replies(self) -> None:
         for w in range(self.K):
             self._wait_reply(w)
+
+
+# --- the settings of asgd and its spec -------------------------------------------------------
+
+SERVERS = Setting("servers", 1, "asgd: parameter-server ranks (the last S ranks)", int, positive_int, metavar="S",
+                  group=ALGORITHM, structural=True, bench_tag="s{}")
+ASGD_ORDER = Setting("asgd_order", ORDERS[0], "asgd: apply pushes as they arrive, or in worker order "
+                     "(deterministic, for tests)", choices=ORDERS, group=ALGORITHM)
+ASGD_RATE = Setting("asgd_rate", RATES[1], "asgd: the lr of each push: the global lr, or the global lr / (1 + the "
+                    "push's staleness)", choices=RATES, group=ALGORITHM)
+
+
+def _check_servers(run, world_size) -> None:
+    if world_size is not None and world_size <= run.servers:
+        raise UserError(f"--algo asgd with --servers {run.servers} needs at least {run.servers + 1} ranks (the "
+                        f"servers and at least one worker), got {world_size}; run more ranks or use fewer --servers")
+
+
+SPEC = AlgorithmSpec("asgd", lambda cfg: "ssdmpi.algos.asgd:ASGD", lambda cfg, rule: None,
+                     lambda cfg, workers: f"asgd ({counted(cfg.servers, 'server')}, {counted(workers, 'worker')}, "
+                                          f"order {cfg.asgd_order}, warm-up {cfg.warmup_steps} steps)",
+                     settings=(SERVERS, ASGD_ORDER, ASGD_RATE), why="a parameter server applying each push",
+                     delay_stage=False, simulation="ssdmpi.verify.reference:ASGDSimulation", bench=("servers",),
+                     bench_required=0, bench_default=False, inspect=lambda cfg: f"{cfg.get('servers')} server(s)",
+                     variants={"asgd": {"servers": 1, "asgd_order": ORDERS[1]},
+                               "asgd/plain": {"servers": 1, "asgd_order": ORDERS[1], "asgd_rate": RATES[0]}},
+                     check=_check_servers, workers=lambda run, world_size: world_size - run.servers)

@@ -1,5 +1,5 @@
-"""``--delay auto``: the period ``k`` and the merge delay ``d`` of a period rule that has one (``delta-merge``)
-chosen from the SSGD warm-up's own measurements (docs/ALGORITHM.md section 12).
+"""``--delay auto``: the period ``k`` and the merge delay ``d`` of a period rule that has one (its spec's
+``auto_chooses``) chosen from the SSGD warm-up's own measurements (docs/ALGORITHM.md section 12).
 
 Contract:
 
@@ -19,10 +19,11 @@ Contract:
   period amortises it too); when none is, the longest stable ``k`` below the amortising one with
   the smallest ``d`` (``lo``, or the given ``d``), and when there is none either, the amortising
   ``k`` with that ``d``. Pure.
-- ``stable_region(mu, rule, merge_momentum)``: the predicate ``stable(k, d)`` the trainer uses: the rule's
-  (one with a merge delay, ``RuleSpec.auto_chooses``) pair's largest stable ``eta*h`` in the linear model
-  (``ssdmpi/algos/stability.py``, with the run's ``--merge-momentum``, scanned in steps of
-  ``AUTO_SCAN_STEP``) is at least ``AUTO_STABILITY`` times momentum SGD's own, ``2 (1 + mu)``.
+- ``stable_region(linear_map, mu, chosen, fixed)``: the predicate ``stable(k, d)`` the trainer uses: the
+  rule's (one with a merge delay, ``RuleSpec.auto_chooses`` = ``chosen``) pair's largest stable ``eta*h``
+  in its linear map (``RuleSpec.linear_map``, with the run's values of its other settings ``fixed``,
+  scanned in steps of ``AUTO_SCAN_STEP``) is at least ``AUTO_STABILITY`` times momentum SGD's own,
+  ``2 (1 + mu)``.
 - ``probe_cpu(comm, buf, repeats)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
   of ``buf`` started with ``allreduce_start`` and polled every millisecond with ``test()``
   (the median of ``repeats``): the work that moves the data, without the waiting (a blocking
@@ -47,7 +48,7 @@ Contract:
 then judged within ``[1, hi]`` (amortise against ``k = hi``), so a cap below what hiding needs
 leaves part of the allreduce exposed. ``--merge-delay D`` fixes ``d``; auto then chooses ``k``.
 
-The algorithm (``ssdmpi/algos/base.py``) owns the meter and the choice, checkpoints both
+The algorithm (``ssdmpi/algos/ssd.py``'s ``SSDPeriod``) owns the meter and the choice, checkpoints both
 (``state_dict``) and restores them: a run resumed after the choice keeps its ``k`` and never
 measures again; one resumed inside the warm-up continues measuring with the samples it had.
 """
@@ -124,23 +125,24 @@ def choose_period(c: float, T: float, W: float = 0.0, lo: int = DELAY_RANGE[0], 
     return (shorter[0] if shorter else max(amortising(dd), dd)), dd
 
 
-@functools.cache
-def _stable(k: int, d: int, mu: float, rule: str, merge_momentum: float) -> bool:
-    from ssdmpi.algos import stability  # NumPy: late (ssdmpi/config.py imports this module for the CLI)
+def stable_region(linear_map, mu: float, chosen: str, fixed: dict | None = None):
+    """``stable(k, d)`` of ``--delay auto`` at momentum ``mu``: the rule's ``linear_map`` (its spec's, with
+    its setting ``chosen`` = ``d`` and the others at their values ``fixed``, e.g. the momentum merge) at
+    ``(k, d)`` is stable in the linear model for every ``eta*h`` up to ``AUTO_STABILITY * 2 (1 + mu)``
+    (scanned from ``stability.X_MIN`` in steps of ``AUTO_SCAN_STEP``, and at the bound itself)."""
+    fixed = dict(fixed or {})
 
-    bound = AUTO_STABILITY * 2 * (1 + mu)
-    x = stability.grid(stability.X_MIN, bound, AUTO_SCAN_STEP)
-    x = x if x[-1] >= bound else list(x) + [bound]
-    T = stability.period_map(rule, x, k, d, mu=mu, merge_momentum=merge_momentum)
-    return bool((stability.spectral_radius(T) <= 1 + stability.TOL).all())
+    @functools.cache
+    def stable(k: int, d: int) -> bool:
+        from ssdmpi.algos import stability  # NumPy: late (the CLI parser imports this module)
 
+        bound = AUTO_STABILITY * 2 * (1 + mu)
+        x = stability.grid(stability.X_MIN, bound, AUTO_SCAN_STEP)
+        x = x if x[-1] >= bound else list(x) + [bound]
+        T = stability.period_map(linear_map, x, k, mu=mu, **fixed, **{chosen: d})
+        return bool((stability.spectral_radius(T) <= 1 + stability.TOL).all())
 
-def stable_region(mu: float, rule: str, merge_momentum: float = 0.0):
-    """``stable(k, d)`` of ``--delay auto`` at momentum ``mu``: ``rule`` (a period rule with a merge delay;
-    its linear map in ``ssdmpi/algos/stability.py``, with momentum merge ``merge_momentum``) at ``(k, d)``
-    is stable in the linear model for every ``eta*h`` up to ``AUTO_STABILITY * 2 (1 + mu)`` (scanned
-    from ``stability.X_MIN`` in steps of ``AUTO_SCAN_STEP``, and at the bound itself)."""
-    return lambda k, d: _stable(int(k), int(d), float(mu), rule, float(merge_momentum))
+    return lambda k, d: stable(int(k), int(d))
 
 
 def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS) -> float:
@@ -214,15 +216,13 @@ class DelayChoice:
 
 class DelayMeter:
     """This rank's last ``WINDOW`` warm-up measurements ``(compute_s, allreduce_s, update_s)``;
-    ``hi``: the largest ``k`` to choose (``--delay-max``); ``mu``: the momentum (the stable region's);
-    ``d``: a fixed merge delay (``--merge-delay``), or None to choose it; ``rule``: the period rule and
-    ``merge_momentum`` its momentum merge (``stable_region``)."""
+    ``hi``: the largest ``k`` to choose (``--delay-max``); ``d``: a fixed merge delay, or None to choose
+    it; ``stable(k, d)``: the rule's stable region (``stable_region``)."""
 
-    def __init__(self, window: int = WINDOW, hi: int = DELAY_RANGE[1], mu: float = 0.9, d: int | None = None, *,
-                 rule: str, merge_momentum: float = 0.0):
+    def __init__(self, window: int = WINDOW, hi: int = DELAY_RANGE[1], d: int | None = None, *, stable):
         self.window = int(window)
         self.hi = int(hi)
-        self.mu, self.d, self.rule, self.merge_momentum = float(mu), d, rule, float(merge_momentum)
+        self.d, self.stable = d, stable
         self.samples: list = []
 
     def add(self, compute_s: float, allreduce_s: float, update_s: float = 0.0) -> None:
@@ -239,7 +239,7 @@ class DelayMeter:
             fraction = min(1.0, c / T) if c > 0 else 1.0      # the same on every rank: agreed inputs
             cpu = comm.allreduce_scalars({"cpu": probe(fraction)}, op="max")["cpu"]
             agreed = dict(agreed, cpu=cpu / fraction)
-        return decide(agreed, step, self.hi, self.mu, self.d, rule=self.rule, merge_momentum=self.merge_momentum)
+        return decide(agreed, step, self.hi, self.d, stable=self.stable)
 
     def summary(self) -> dict:
         """This rank's side of the agreement: its medians, and ``-n`` (so the max is the fewest samples)."""
@@ -266,18 +266,16 @@ class DelayMeter:
                         for row in rows.reshape(-1, width)][-self.window:]
 
 
-def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1], mu: float = 0.9, d: int | None = None, *,
-           rule: str, merge_momentum: float = 0.0) -> DelayChoice:
+def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1], d: int | None = None, *, stable) -> DelayChoice:
     """The choice in ``[DELAY_RANGE[0], hi]`` from ``DelayMeter.summary()`` reduced with ``max``
-    over ranks, plus the probed ``cpu`` when there is one (the same on every rank); ``mu`` the
-    momentum, ``d`` a fixed merge delay (None: chosen), ``rule`` the period rule and ``merge_momentum``
-    its momentum merge (``stable_region``)."""
+    over ranks, plus the probed ``cpu`` when there is one (the same on every rank); ``d`` a fixed
+    merge delay (None: chosen), ``stable(k, d)`` the rule's stable region (``stable_region``)."""
     c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
     cpu, u = max(0.0, float(agreed.get("cpu", 0.0))), max(0.0, float(agreed.get("u", 0.0)))
     lo = DELAY_RANGE[0]
     d = None if d is None else min(max(int(d), lo), hi)
     # A clock too coarse to see the compute (c = 0): nothing hides the allreduce in any d; as if a
     # step took one nanosecond.
-    k, d = choose_period(max(c, 1e-9), T, cpu + u, lo, hi, stable_region(mu, rule, merge_momentum), d)
+    k, d = choose_period(max(c, 1e-9), T, cpu + u, lo, hi, stable, d)
     return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u,
                        hi=hi, d=d)

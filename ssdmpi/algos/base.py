@@ -1,4 +1,5 @@
-"""``Algorithm``: the state and the SSGD warm-up shared by every training algorithm.
+"""``Algorithm``: the state and the SSGD warm-up shared by every training algorithm but asgd, and the
+settings they share (the warm-up, the delay ``k``).
 
 Buffers (1-D, the model's dtype and device):
 
@@ -6,69 +7,106 @@ Buffers (1-D, the model's dtype and device):
 - delay stage: ``L`` IS ``model.params`` (the model computes on the local weights) and ``W``
   is a separate buffer, created at the switch as a copy (so ``L <- W`` costs nothing).
 
-``M`` is the global momentum buffer. Subclasses implement the delay stage
-(``_begin_delay``, ``_delay_step``) and their extra state.
-
-``--delay auto`` (``config.delay == "auto"``): ``k`` (and the merge delay ``d``, unless
-``--merge-delay`` fixes it) is None until the switch, where ``ssdmpi/algos/auto_delay.py``
-chooses it from the warm-up's measurements (collective); ``delay_choice`` holds the result and
-``on_delay_chosen`` (set by the trainer) is told of it.
+``M`` is the global optimizer's state (``ssdmpi/optim/part.py``'s ``OptState``: momentum SGD's
+velocity, ALGORITHM.md's ``M``), stepped by the inner optimizer ``optimizer`` the registry built.
+Subclasses implement the delay stage (``_begin_delay``, ``_delay_step``) and their extra state; a
+schedule that measures in the warm-up or chooses at the switch overrides ``_warmup_step`` and
+``_switch`` (``--comm period``'s ``--delay auto``, ``ssd.py``).
 """
 
 from __future__ import annotations
 
-import time
+import functools
 
-import numpy as np
-
-from ssdmpi import backend
-from ssdmpi.algos import auto_delay, registry, resize
+from ssdmpi.algos import auto_delay, resize
+from ssdmpi.algos.contract import TrainingAlgorithm
 from ssdmpi.algos.overlap import BackwardAllreduce
 from ssdmpi.algos.period import Counts
 from ssdmpi.errors import UserError
-from ssdmpi.optim.sgd import MomentumSGD
-from ssdmpi.phases import Phases, clock
+from ssdmpi.phases import clock
+from ssdmpi.spec import ALGORITHM, Setting
+from ssdmpi.validate import is_int, nonnegative_int, number, positive_int
 
 
-class Algorithm:
-    """Base class; see ``ssdmpi.algos`` for the public API."""
+def delay_value(text: str):
+    """``--delay``'s type: a positive integer k, or ``auto``."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer k or auto, got {text!r}") from None
+
+
+def _delay(flag: str, value) -> None:
+    if value != "auto" and (not is_int(value) or value < 1):
+        raise UserError(f"--{flag} must be a positive integer or auto, got {value!r}")
+
+
+def _auto_warmup(run) -> None:
+    """``--delay auto`` measures in the SSGD warm-up: it needs enough warm-up steps to measure."""
+    if run.delay == "auto" and run.warmup_steps is not None and run.warmup_steps < auto_delay.MIN_WARMUP_STEPS:
+        raise UserError(f"--delay auto measures compute and allreduce times during the SSGD warm-up and needs "
+                        f"--warmup-steps >= {auto_delay.MIN_WARMUP_STEPS} (got {run.warmup_steps}); lengthen the "
+                        "warm-up (--warmup-steps or --warmup-epochs) or give a fixed --delay K")
+
+
+# The settings every algorithm with a delay stage shares (each algorithm's spec lists those it uses).
+WARMUP_STEPS = Setting("warmup_steps", 0, "SSGD warm-up iterations", int, nonnegative_int, metavar="T",
+                       group=ALGORITHM, argparse={"group": "warmup"})
+WARMUP_EPOCHS = Setting("warmup_epochs", None, "SSGD warm-up in epochs (instead of --warmup-steps)", float,
+                        functools.partial(number, low=0.0), metavar="E", group=ALGORITHM,
+                        argparse={"group": "warmup"}, default_text="unset, --warmup-steps decides")
+DELAY = Setting("delay", 5, "delay k, iterations between pulls of the global model (--comm period: the period; "
+                "localsgd: between model averages); auto (--comm period with a rule that has a merge delay): the "
+                "merge delay d that hides the allreduce and the period k that amortises it, within the rule's "
+                "stable region, measured in the SSGD warm-up (needs --warmup-steps >= 5; docs/ALGORITHM.md section "
+                "12)", delay_value, _delay, metavar="K|auto", group=ALGORITHM, context_check=_auto_warmup,
+                structural=True, bench_tag="k{}")
+DELAY_MAX = Setting("delay_max", auto_delay.DELAY_RANGE[1], "the largest k (and d) --delay auto may choose: a cap on "
+                    "staleness (below what hiding the allreduce needs, part of it is exposed)", int, positive_int,
+                    metavar="K", group=ALGORITHM, applies=lambda run: run.delay == "auto", where="--delay auto",
+                    note="it caps the k auto chooses", bench_tag="max{}")
+
+
+def refuse_auto(run) -> None:
+    """``UserError`` for ``--delay auto`` given to an algorithm with nothing in flight across steps to hide."""
+    if run.delay == "auto":
+        raise UserError(f"--delay auto does not apply to --algo {run.algo} ({run.spec.why}: there is no allreduce "
+                        "in flight to hide); give a fixed --delay K")
+
+
+class Algorithm(TrainingAlgorithm):
+    """Base class of the algorithms with the SSGD warm-up; see ``ssdmpi.algos`` for the public API."""
 
     name = "base"
     has_delay_stage = True
 
-    def __init__(self, config, model, communicator):
+    def __init__(self, config, model, communicator, parts):
+        super().__init__()
+        from ssdmpi import backend  # late: the registry reads this module's settings for the CLI parser
+
         self.config, self.model, self.comm = config, model, communicator
         self.poll = None
-        if getattr(communicator, "strategy", None) in ("test", "poll"):
-            # The `test` progress strategy moves an allreduce only inside MPI calls made by
-            # this thread: poke it between layers, and every few MB of the fused update
-            # passes (``fused.POLL_BLOCKS``), so it overlaps the compute.
+        if getattr(communicator, "moved_by_caller", False):
+            # A nonblocking allreduce that moves only inside MPI calls made by this thread: poke it
+            # between layers, and every few MB of the fused update passes (``fused.POLL_BLOCKS``),
+            # so it overlaps the compute.
             model.between_layers = self.poll = communicator.progress
         self.N = int(communicator.size)
-        self.auto = config.delay == "auto" and self.has_delay_stage
-        self.k = None if self.auto else config.delay
-        # The merge delay d of a period rule that has one (its setting that --delay auto chooses with k;
-        # None otherwise, or until auto chooses it).
-        rule = registry.RULES.get(config.period_rule)
-        self._merge_delay = rule.auto_chooses if rule is not None else None
-        self.d = getattr(config, self._merge_delay) if self._merge_delay else None
-        self.delay_choice = None          # --delay auto: the DelayChoice, once made
-        self.on_delay_chosen = None       # callback(DelayChoice): the trainer reports it
-        self._meter = auto_delay.DelayMeter(hi=config.delay_max, mu=config.momentum, d=self.d,
-                                            rule=config.period_rule,
-                                            merge_momentum=getattr(config, "merge_momentum", None) or 0.0) \
-            if self.auto else None
+        self.k = config.delay if self.has_delay_stage else None
         self.T_w = int(config.warmup_steps) if self.has_delay_stage else None
         self.xp = backend.array_module(model.params)
         self.mask = model.flat.decay_mask()
         self.schedule = config.global_schedule()
-        self.global_sgd = MomentumSGD(config.momentum, config.weight_decay, self.mask)
-        self.global_sgd._plan.poll = self.poll
+        self.optimizer = parts.optimizer
+        self.optimizer.poll = self.poll
         self.W = model.params
-        self.M = self.xp.zeros_like(model.params)
+        self.M = self.optimizer.init(model.params)
         self.L = None
         self.counts = Counts()   # t, s (a period rule adds to s: ssdmpi/algos/period.py)
-        self.phases = Phases()   # the step breakdown's fb_s / update_s (ssdmpi/phases.py)
         # The gradient allreduce posted bucket by bucket during the backward pass (overlap.py),
         # in buckets of --bucket-size (the Communicator's bucket_bytes) or DDP's default 25 MiB.
         self.backward_allreduce = BackwardAllreduce(model, communicator, getattr(communicator, "bucket_bytes", None))
@@ -133,15 +171,10 @@ class Algorithm:
 
     def _iteration(self, x, y) -> float:
         if self.stage == "warmup":
-            if self._meter is None:
-                loss = self._ssgd_step(x, y)
-            else:
-                loss = self._measured_ssgd_step(x, y)
+            loss = self._warmup_step(x, y)
             self.t += 1
             if self.has_delay_stage and self.t == self.T_w:
-                if self._meter is not None:
-                    self._choose_delay()
-                self._enter_delay()
+                self._switch()
         else:
             loss = self._delay_step(x, y)
             self.t += 1
@@ -158,15 +191,15 @@ class Algorithm:
         self.drain()
 
     def __repr__(self) -> str:
-        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-merge, d=1, lr=0.1, ...)``: the key settings."""
-        c = self.config
-        k = "auto" if self.auto and self.k is None else self.k
-        d = "auto" if self.auto and self.d is None and self._merge_delay else self.d
-        keys = (("k", k), ("T_w", self.T_w), ("comm", c.comm), ("rule", c.period_rule), ("d", d),
-                ("local_update", c.local_update), ("local_lr", c.local_lr), ("lr", c.lr),
-                ("momentum", c.momentum), ("weight_decay", c.weight_decay))
-        shown = ", ".join(f"{k}={v}" for k, v in keys if v is not None)
+        """``SSDPeriod(ssd, N=4, k=5, T_w=500, comm=period, rule=delta-merge, merge_delay=1, lr=0.1, ...)``."""
+        shown = ", ".join(f"{k}={v}" for k, v in self._shown() if v is not None)
         return f"{type(self).__name__}({self.name}, N={self.N}, {shown}, t={self.t}, stage={self.stage})"
+
+    def _shown(self) -> list:
+        """The key settings ``repr`` shows, as ``(name, value)`` pairs (None: left out)."""
+        c = self.config
+        return [("k", self.k), ("T_w", self.T_w), ("comm", c.comm), ("local_update", c.local_update),
+                ("local_lr", c.local_lr), ("lr", c.lr), ("optimizer", self.optimizer)]
 
     def signature(self) -> dict:
         """Settings every rank must agree on (plain scalars)."""
@@ -179,18 +212,18 @@ class Algorithm:
         """Everything needed to continue bit for bit (drains first): NumPy copies and plain scalars;
         ``copy=False``: the live buffers (device arrays on a GPU), valid until the next step."""
         self.drain()
-        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage, "W": self.W, "M": self.M}
+        d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage, "W": self.W,
+             **self.M.entries("M")}
         if self.stage == "delay":
             d["L"] = self.L
             d.update(self._delay_state())
-        if self.auto:
-            d.update(self.delay_choice.state() if self.delay_choice else self._meter.state_dict())
+        d.update(self._schedule_state())
         return resize.host_copies(d) if copy else d
 
     def replicated(self) -> tuple:
         """Keys of ``state_dict()`` whose arrays are identical on every rank (a checkpoint stores
         them once, and resuming on another number of ranks keeps them exactly)."""
-        return ("W", "M") + (self._replicated_delay() if self.stage == "delay" else ())
+        return ("W", *self.M.entries("M")) + (self._replicated_delay() if self.stage == "delay" else ())
 
     def resized_state(self, ctx) -> tuple[dict, str]:
         """Collective: this rank's ``state_dict()`` from a checkpoint written by another number of
@@ -199,16 +232,19 @@ class Algorithm:
 
     def load_state_dict(self, d: dict) -> None:
         """Restore ``state_dict()`` output (this object must have been built with the same config)."""
+        import numpy as np
+
         if str(d.get("algo")) != self.name:
             raise UserError(f"the checkpoint holds the state of algorithm {d.get('algo')!r}, not {self.name!r}")
-        for key in ("W", "M") + (("L",) if str(d.get("stage")) == "delay" else ()):
+        arrays = ("W", *(k for k, v in self.M.entries("M").items() if not isinstance(v, int)))
+        for key in arrays + (("L",) if str(d.get("stage")) == "delay" else ()):
             if key not in d or np.asarray(d[key]).shape != self.model.params.shape:
                 raise UserError(f"the checkpoint's algorithm state {key} does not fit this model "
-                                f"({self.model.params.size} parameters); was it trained with another model?")
+                                f"({self.model.params.size} parameters, --optimizer {self.config.optimizer}); was it "
+                                "trained with another model or optimizer?")
         self.drain()
         self.t, self.s = int(d["t"]), int(d["s"])
-        if self.auto:
-            self._load_auto_state(d)
+        self._load_schedule_state(d)
         if str(d["stage"]) == "delay":
             if self.stage != "delay":
                 self._enter_delay()
@@ -220,7 +256,7 @@ class Algorithm:
             if self.stage == "delay":
                 raise UserError("cannot load a warm-up state into an algorithm already in its delay stage")
             self.W[...] = self.xp.asarray(d["W"])
-        self.M[...] = self.xp.asarray(d["M"])
+        self.M.load_entries(d, "M", self.xp)
 
     # --- shared pieces -------------------------------------------------------------------
 
@@ -228,6 +264,8 @@ class Algorithm:
         """``model.loss_and_grad`` timed into ``phases.fb_s`` (without the ``progress()`` calls the
         model makes between layers, nor the bucket copies and posts of ``backward_allreduce``);
         ``sync``: then wait for the device (``backend.synchronize``)."""
+        from ssdmpi import backend
+
         st, overlap = self._stats, self.backward_allreduce
         t0, p0, o0 = clock(), (st.progress_s if st is not None else 0.0), overlap.spent_s
         loss = self.model.loss_and_grad(x, y)
@@ -245,7 +283,7 @@ class Algorithm:
         waited for before the update; else one blocking allreduce after the backward (one bucket
         would be posted after the backward anyway). The same bits either way (overlap.py says
         when). The allreduce sums; the global update divides by ``N`` as it reads the sum (the
-        same bits as the mean, without a separate pass: ``MomentumSGD.step``'s ``divisor``)."""
+        same bits as the mean, without a separate pass: the optimizer's ``divisor``)."""
         G = self.model.grads
         overlap = overlap and len(self.backward_allreduce.buckets) > 1
         if overlap:
@@ -256,48 +294,9 @@ class Algorithm:
         else:
             self.comm.allreduce(G, average=False)
         # G/N = (1/N) sum_r g_r/B = ALGORITHM.md's G/(B*N)
-        self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
+        self.optimizer.update(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
         self.s += 1
         return loss
-
-    def _measured_ssgd_step(self, x, y) -> float:
-        """``_ssgd_step``, timed for ``--delay auto``: the allreduce's time is what ``comm.stats``
-        recorded during the step (the loop resets the stats only between steps); the rest of the
-        step (forward, backward, the update) is compute, and the update is that less forward and
-        backward. On a GPU the update is still running when the step returns: it lands in the next
-        step's compute, before its synchronize. Without the backward overlap: ``c`` and ``T`` are
-        measured apart (overlapped, each would hide part of the other)."""
-        t0, T0, fb0 = time.perf_counter(), self.comm.stats.inflight_s, self.phases.fb_s
-        loss = self._ssgd_step(x, y, overlap=False)
-        T = self.comm.stats.inflight_s - T0
-        c = time.perf_counter() - t0 - T
-        self._meter.add(c, T, c - (self.phases.fb_s - fb0))
-        return loss
-
-    def _choose_delay(self) -> None:
-        """Collective, at the switch: agree on ``k`` (auto_delay.py, with its CPU probe on a scratch
-        buffer: no weight changes) and report it."""
-        n = self.model.grads.size
-
-        def probe(fraction: float) -> float:
-            return auto_delay.probe_cpu(self.comm, self.xp.zeros(max(1, int(fraction * n)), self.model.grads.dtype))
-
-        self.delay_choice = self._meter.choose(self.comm, self.t, probe)
-        self.k, self.d = self.delay_choice.k, self.delay_choice.d
-        if self.on_delay_chosen is not None:
-            self.on_delay_chosen(self.delay_choice)
-
-    def _load_auto_state(self, d: dict) -> None:
-        """``--delay auto``: the choice made before the checkpoint (kept, never re-measured), or,
-        inside the warm-up, the samples measured so far."""
-        if "auto.k" in d:
-            self.delay_choice = auto_delay.DelayChoice.from_state(d)
-            self.k, self.d = self.delay_choice.k, self.delay_choice.d
-        elif str(d.get("stage")) == "delay":
-            raise UserError("the checkpoint's delay stage has no --delay auto choice in it (was it trained with "
-                            "a fixed --delay?); resume with that --delay")
-        else:
-            self._meter.load_state_dict(d)
 
     def _enter_delay(self) -> None:
         """The switch (ALGORITHM.md 1.2): ``L <- W``; ``W`` moves to its own buffer."""
@@ -313,6 +312,14 @@ class Algorithm:
         return self.xp.asarray(a)
 
     # hooks
+    def _warmup_step(self, x, y) -> float:
+        """One warm-up iteration (SSGD)."""
+        return self._ssgd_step(x, y)
+
+    def _switch(self) -> None:
+        """At ``t = T_w``: into the delay stage."""
+        self._enter_delay()
+
     def _begin_delay(self) -> None:
         raise NotImplementedError
 
@@ -328,13 +335,12 @@ class Algorithm:
     def _load_delay_state(self, d: dict) -> None:
         pass
 
-    def _reset_inflight(self) -> None:
+    def _schedule_state(self) -> dict:
+        """State of the schedule's own choices (``--delay auto``), in the warm-up and after it."""
+        return {}
+
+    def _load_schedule_state(self, d: dict) -> None:
         pass
 
-
-class SSGD(Algorithm):
-    """``--algo ssgd``: the warm-up forever (one allreduce, overlapped with the backward pass, and one
-    global update per step)."""
-
-    name = "ssgd"
-    has_delay_stage = False
+    def _reset_inflight(self) -> None:
+        pass

@@ -8,15 +8,20 @@ warm-up's velocity) at the global lr of iteration ``t``::
     every k-th iteration ((m+1) % k == 0): W <- mean_r L_r (blocking allreduce);  L <- W;  s += k
     finalize (end of training, mid-period):  W <- mean_r L_r;  L <- W
 
-The momentum buffers stay per rank (not averaged), as in post-local SGD.
+The momentum buffers stay per rank (not averaged), as in post-local SGD. ``V`` is this rank's state of
+the inner optimizer (``--optimizer``), copied from the global one at the switch; the steps above are
+momentum SGD's, and another optimizer's steps take their place.
 """
 
 from __future__ import annotations
 
-from ssdmpi.algos.base import Algorithm
+from ssdmpi.algos.base import DELAY, DELAY_MAX, Algorithm, refuse_auto
+from ssdmpi.spec import AlgorithmSpec, LinearMap
 
 
 class LocalSGD(Algorithm):
+    """``--algo localsgd`` (the module docstring)."""
+
     name = "localsgd"
 
     @property
@@ -28,14 +33,14 @@ class LocalSGD(Algorithm):
     def _begin_delay(self) -> None:
         from ssdmpi.optim import fused
 
-        self.V = self.M.copy()
+        self.V = self.M.copy()      # this rank's optimizer state, from the global one
         self._fused, self._plan = fused, fused.Plan((self.mask,), scratch=0)
         self._plan.poll = self.poll
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
         loss = self._loss_and_grad(x, y)
-        self.global_sgd.step(self.L, self.V, self.model.grads, self.schedule(self.t))
+        self.optimizer.update(self.L, self.V, self.model.grads, self.schedule(self.t))
         if (m + 1) % self.k == 0:
             self.comm.allreduce(self.L, average=False)
             self._fused.divide_copy(self._plan, self.L, self.W, self.N)   # L = sum/N; W = L: one pass
@@ -50,7 +55,31 @@ class LocalSGD(Algorithm):
             self.W[...] = self.L
 
     def _delay_state(self) -> dict:
-        return {"V": self.V}
+        return self.V.entries("V")
 
     def _load_delay_state(self, d: dict) -> None:
-        self.V[...] = self._dev(d["V"])
+        self.V.load_entries(d, "V", self.xp)
+
+
+def _linear_map(x, k, N, mu):
+    """Blocking local SGD: local momentum steps, every ``k`` steps ``W <- mean L``, ``L <- W``."""
+    from ssdmpi.algos.stability import LinearState, chain, local_steps, power
+
+    s = LinearState(N, shared=("W",), per_rank=("L", "U"))
+    average = chain(s.assign(x, {"W": {f"L{r}": 1.0 / N for r in range(N)}}),
+                    s.assign(x, {f"L{r}": {"W": 1.0} for r in range(N)}))
+    return chain(power(local_steps(s, x, mu), k), average)
+
+
+def _check(run, world_size) -> None:
+    refuse_auto(run)
+
+
+SPEC = AlgorithmSpec("localsgd", lambda cfg: "ssdmpi.algos.localsgd:LocalSGD",
+                     lambda cfg, rule: "ssdmpi.verify.reference:LocalSGDTwin",
+                     lambda cfg, workers: f"localsgd (k={cfg.delay})",
+                     settings=(DELAY, DELAY_MAX), why="it averages models every --delay steps, blocking",
+                     inspect=lambda cfg: f"k={cfg.get('delay')}", label=("k={delay}",), bench=("delay",),
+                     variants={"localsgd": {}}, accuracy_defaults=("localsgd",),
+                     pattern=lambda cfg: ("localsgd", cfg.delay), torch_peer="postlocal", check=_check,
+                     linear_map=LinearMap(_linear_map))

@@ -3,7 +3,7 @@
 A period is the ``k`` iterations ``m = j*k ... j*k + k - 1`` of the delay stage; its
 end is the iteration with ``(m + 1) % k == 0``. Each rule posts one nonblocking
 allreduce at a period's end and completes it at the next period's end (a whole period
-of compute to hide behind) or, for a rule with a merge delay ``d`` (``PeriodState.d``),
+of compute to hide behind) or, for a rule with a merge delay ``d`` (a setting of its own),
 ``d`` iterations later. Two buffers alternate: one accumulating, one in flight. ``g`` is
 this rank's MEAN gradient.
 
@@ -17,7 +17,7 @@ A result drained between iterations (checkpoint) is held (``has_Rp``, ``Rp``) an
 applied at the boundary where the wait would have returned it, so resuming is bitwise.
 
 Adding a rule: a file in ``ssdmpi/algos/rules/`` (a ``PeriodRule`` subclass and its ``SPEC``),
-the same rule written independently from the spec in ``ssdmpi/algos/reference.py`` (the twin
+the same rule written independently from the spec in ``ssdmpi/verify/reference.py`` (the twin
 its ``SPEC`` names), and its tests; nothing else names it.
 """
 
@@ -38,14 +38,15 @@ class Counts:
 class PeriodState:
     """All a period rule may use of the ``SSDPeriod`` that owns it.
 
-    Buffers (1-D, updated in place; ``L`` is what the model computes on): ``W``, ``M``, ``L`` and the
-    weight-decay ``mask``; ``xp`` their array module. ``counts``: ``t`` (read) and ``s`` (a rule adds
-    the global steps it applies). ``N`` ranks, period ``k``, merge delay ``d`` (None unless the rule
-    has one), warm-up length ``T_w``; ``momentum`` and ``weight_decay``; ``schedule`` the global lr
-    ``eta_g``; ``global_sgd`` the global ``MomentumSGD``; ``local`` the ``--local-update`` (None for a
-    rule without one) and ``local_lr(t)`` its lr; ``comm`` the Communicator (``allreduce_start``,
-    ``allreduce_mean``); ``poll`` the progress hook of the fused passes (or None); ``merge_momentum`` the
-    rule's ``--merge-momentum`` (0 for a rule without one).
+    Buffers (1-D, updated in place; ``L`` is what the model computes on): ``W``, ``L`` and the
+    weight-decay ``mask``; ``xp`` their array module. ``M``: the global optimizer state (an
+    ``OptState``). ``counts``: ``t`` (read) and ``s`` (a rule adds the global steps it applies).
+    ``N`` ranks, period ``k``, warm-up length ``T_w``; ``schedule`` the global lr ``eta_g``;
+    ``optimizer`` the inner optimizer (``ssdmpi/optim/part.py``: it steps ``W`` with ``M``, and a
+    rule's own per-rank state); ``local`` the ``--local-update`` (None for a rule without one) and
+    ``local_lr(t)`` its lr; ``comm`` the Communicator (``allreduce_start``, ``allreduce_mean``);
+    ``poll`` the progress hook of the fused passes (or None). A rule's own settings are the keyword
+    arguments it is built with, not in here.
     """
 
     xp: object
@@ -56,23 +57,20 @@ class PeriodState:
     counts: Counts
     N: int
     k: int
-    d: int | None
     T_w: int
-    momentum: float
-    weight_decay: float
     schedule: object
-    global_sgd: object
+    optimizer: object
     local: object
     local_lr: object
     comm: object
     poll: object = None
-    merge_momentum: float = 0.0
 
 
 class PeriodRule:
     """Base: the double buffer and the request in flight, over a ``PeriodState`` ``st``.
 
-    Contract: ``begin()`` at the switch (``L`` has just been set to ``W``); ``step(g, m)``
+    Contract: built as ``Rule(state, **own)`` (``own``: the values of the settings its spec declares;
+    a rule with settings takes them as keyword arguments and passes none on); ``begin()`` at the switch (``L`` has just been set to ``W``); ``step(g, m)``
     once per delay iteration after the gradient; ``drain()`` completes the request in flight
     and holds its (averaged) result; ``apply_held()`` applies a held result now;
     ``state_dict()``/``load_state_dict()``; ``local_lr(t)`` for rules without ``--local-update``.
@@ -80,7 +78,9 @@ class PeriodRule:
 
     folds_mean = False   # True: post the SUM; the rule divides by N as it applies it (no separate pass)
 
-    def __init__(self, state: PeriodState):
+    def __init__(self, state: PeriodState, **own):
+        if own:
+            raise TypeError(f"{type(self).__name__} has no settings of its own, got {sorted(own)}")
         self.st = state
         self._acc = state.xp.zeros_like(state.W)       # being filled this period
         self._other = state.xp.zeros_like(state.W)     # in flight, or a held result, or free

@@ -1,234 +1,153 @@
-"""The registry: every training algorithm (``--algo``) and period rule (``--period-rule``) is
-declared here once (the rules in their own files, ``ssdmpi/algos/rules/``), with the settings
-they own; everything that depends on the algorithm asks the registry.
+"""The registry: it finds every training algorithm (``--algo``), period rule (``--period-rule``) and inner
+optimizer (``--optimizer``) by the spec each declares in its own file (``ssdmpi/spec.py``), indexes them,
+and answers every question about them. It holds no table of its own about any of them.
 
-- ``SETTINGS``: the optimizer's and the algorithms' settings (``Setting``: default, check,
-  help, when it applies); ``ssdmpi/config.py`` adds the rest of a run's and builds the flags,
-  the YAML loading and ``--print-config`` from them.
-- ``resolve(values, world_size)``: the one check of an algorithm's settings: each value, each
-  setting given where it does not apply (a one-line ``UserError``), and the defaults filled in.
-- ``AlgoConfig``: those settings in steps (the algorithm's config), ``build_algorithm``.
-- ``ALGORITHMS``, ``RULES``, ``algorithm(name)``, ``find(name)``: the specs; ``variants()``: the
-  named configurations the benchmarks, the GPU check and the tests run.
+- ``ALGORITHMS``, ``RULES``, ``OPTIMIZERS``: the specs found in ``ssdmpi/algos/``, ``ssdmpi/algos/rules/``
+  and ``ssdmpi/optim/optimizers/``; ``algorithm(name)``, ``find(name)``; ``variants()``: the named configurations
+  the benchmarks, the GPU check and the tests run; ``linear_maps()``: the stability tool's maps.
+- ``SETTINGS``: the learning rate's, the optimizers', the algorithms' and the rules' settings
+  (``Setting``: default, check, help, when it applies); ``ssdmpi/config.py`` adds the rest of a run's.
+- ``resolve(values, world_size)``: the one check of those settings: each value, each setting given where
+  it does not apply (a one-line ``UserError``), the defaults filled in.
+- ``AlgoConfig``: those settings in steps (the algorithm's config); ``build_algorithm``.
 
-An algorithm's or rule's name is compared as a string nowhere else (``tests/unit/test_layering.py``).
 Light: no NumPy (the command-line parser is built from it); implementations load when built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import pkgutil
 
-from ssdmpi.algos import rules as rule_modules
-from ssdmpi.algos.auto_delay import DELAY_RANGE, MIN_WARMUP_STEPS
-from ssdmpi.algos.spec import AlgorithmSpec, RuleSpec, Setting, load
+from ssdmpi.algos.base import WARMUP_EPOCHS, WARMUP_STEPS
+from ssdmpi.algos.contract import Parts
 from ssdmpi.errors import UserError
-from ssdmpi.metrics import counted
-from ssdmpi.optim.local import LOCAL_LR_UPDATES, LOCAL_UPDATES
-from ssdmpi.optim.schedules import LRSchedule, parse_schedule
-from ssdmpi.validate import flag_name, is_int, nonnegative_int, number, positive_int
+from ssdmpi.optim.schedules import LR, LR_SCHEDULE, LR_WARMUP_EPOCHS, LRSchedule
+from ssdmpi.spec import ALGORITHM, OPTIMIZER, AlgorithmSpec, OptimizerSpec, RuleSpec, Setting, load
+from ssdmpi.validate import flag_name, is_int
 
-OPTIMIZER, ALGORITHM = "length and optimizer", "algorithm (docs/ALGORITHM.md)"
-ASGD_ORDERS = ("arrival", "round-robin")   # asgd: pushes applied as they arrive, or in worker order (tests)
-ASGD_RATES = ("plain", "staleness")        # asgd: each push's lr: the global lr, or it / (1 + staleness)
+__all__ = ["ALGORITHM", "OPTIMIZER", "Setting"]
 
 
-def _or(items) -> str:
+def or_(items) -> str:
+    """``"a, b or c"``."""
     items = list(items)
     return ", ".join(items[:-1]) + " or " + items[-1] if len(items) > 1 else "".join(items)
 
 
-def delay_value(text: str):
-    """``--delay``'s type: a positive integer k, or ``auto``."""
-    import argparse
-
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer k or auto, got {text!r}") from None
-
-
-def _delay(flag: str, value) -> None:
-    if value != "auto" and (not is_int(value) or value < 1):
-        raise UserError(f"--{flag} must be a positive integer or auto, got {value!r}")
+def _discover(package_name: str, kind) -> dict:
+    """``{name: spec}`` of every module of ``package`` (not its subpackages) whose ``SPEC`` is a ``kind``."""
+    package, found = importlib.import_module(package_name), {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.ispkg:
+            continue
+        spec = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "SPEC", None)
+        if isinstance(spec, kind):
+            if spec.name in found:
+                raise ValueError(f"two {kind.__name__}s are called {spec.name!r}")
+            found[spec.name] = spec
+    return found
 
 
-def _schedule(flag: str, value) -> None:
-    parse_schedule(value, flag)
+def _default(specs: dict, what: str) -> str:
+    defaults = [name for name, spec in specs.items() if spec.default]
+    if len(defaults) != 1:
+        raise ValueError(f"exactly one {what} must be the default, found {defaults}")
+    return defaults[0]
 
 
-def _auto_warmup(run) -> None:
-    """``--delay auto`` measures in the SSGD warm-up: it needs enough warm-up steps to measure."""
-    if run.delay == "auto" and run.warmup_steps is not None and run.warmup_steps < MIN_WARMUP_STEPS:
-        raise UserError(f"--delay auto measures compute and allreduce times during the SSGD warm-up and needs "
-                        f"--warmup-steps >= {MIN_WARMUP_STEPS} (got {run.warmup_steps}); lengthen the warm-up "
-                        "(--warmup-steps or --warmup-epochs) or give a fixed --delay K")
+# Baseline first, then the default, then the rest by name (the order of --help and the benchmarks).
+ALGORITHMS = dict(sorted(_discover("ssdmpi.algos", AlgorithmSpec).items(),
+                         key=lambda item: (not item[1].baseline, not item[1].default, item[0])))
+RULES = dict(sorted(_discover("ssdmpi.algos.rules", RuleSpec).items(), key=lambda item: (not item[1].default, item[0])))
+OPTIMIZERS = dict(sorted(_discover("ssdmpi.optim.optimizers", OptimizerSpec).items(),
+                         key=lambda item: (not item[1].default, item[0])))
+DEFAULT_ALGORITHM, DEFAULT_RULE, DEFAULT_OPTIMIZER = (_default(ALGORITHMS, "algorithm"), _default(RULES, "rule"),
+                                                      _default(OPTIMIZERS, "optimizer"))
+BASELINE = next(name for name, spec in ALGORITHMS.items() if spec.baseline)   # what the benchmarks compare with
 
 
-def _auto_applies(run) -> None:
-    """``--delay auto`` chooses a period and the merge delay that hides its allreduce: it needs a period
-    rule with one (``RuleSpec.auto_chooses``); elsewhere nothing is in flight across steps to hide."""
-    if run.rule is not None and run.rule.auto_chooses:
-        return
-    if run.comm == "step":
-        raise UserError("--delay auto does not apply to --comm step (it sends every step, overlapped with one "
-                        "step: k does not hide it); give a fixed --delay K, or use --comm period")
-    if run.rule is not None:
-        with_one = _or(f"--period-rule {r}" for r, s in RULES.items() if s.auto_chooses)
-        raise UserError(f"--delay auto chooses the period and the merge delay of {with_one}; --period-rule "
-                        f"{run.period_rule} has no merge delay: give a fixed --delay K, or use {with_one}")
-    raise UserError(f"--delay auto does not apply to --algo {run.algo} ({run.spec.why}: there is no allreduce "
-                    "in flight to hide); give a fixed --delay K")
+def _selector(name: str, specs: dict, default: str, text: str, **more) -> Setting:
+    return Setting(name, default, text, choices=tuple(specs), structural=True, **more)
 
 
-def _local_update_refusal(run) -> str:
-    rule = f" --comm {run.comm} --period-rule {run.period_rule}" if run.period_rule else ""
-    add_comm = run.spec.uses("comm") and "comm" not in run.spec.fixed and run.given.get("comm") is None
-    return (f"--local-update does not apply to --algo {run.algo}{rule}"
-            + ("; it is for --comm step: add --comm step" if add_comm else "; drop it"))
+def _owned(s: Setting, applies, where: str, group: str) -> Setting:
+    """A setting that applies with one choice only (a rule's, an optimizer's), as well as where its own
+    condition says."""
+    return dataclasses.replace(s, where=where, group=group,
+                               applies=lambda run, base=s.applies: applies(run) and (base is None or base(run)))
 
 
-def _uses_local_update(run) -> bool:
-    return run.comm == "step" or bool(run.rule and run.rule.uses_local_update)
+def _optimizer_settings() -> list:
+    """Each optimizer's settings, applying with the optimizers that declare them."""
+    owners = {}
+    for spec in OPTIMIZERS.values():
+        for s in spec.settings:
+            owners.setdefault(s.name, (s, []))[1].append(spec.name)
+    out = []
+    for s, names in owners.values():
+        out.append(_owned(s, lambda run, names=tuple(names): run.optimizer in names,
+                          "--optimizer " + or_(names), OPTIMIZER))
+    return out
 
 
-def _check_servers(run, world_size) -> None:
-    if world_size is not None and world_size <= run.servers:
-        raise UserError(f"--algo asgd with --servers {run.servers} needs at least {run.servers + 1} ranks (the "
-                        f"servers and at least one worker), got {world_size}; run more ranks or use fewer --servers")
+def _with_rule_settings(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """``spec`` with every rule's own settings right after the rule selector (for an algorithm that has
+    one), each applying with its rule only, and the selector's choices and default the rules found."""
+    settings = []
+    for s in spec.settings:
+        if callable(s.where):
+            s = dataclasses.replace(s, where=s.where(_this_module()))
+        if s.name != RULE_SELECTOR:
+            settings.append(s)
+            continue
+        settings.append(dataclasses.replace(s, default=DEFAULT_RULE, choices=tuple(RULES)))
+        settings += [_owned(r, lambda run, rule=rule: run.period_rule == rule, f"--comm period --period-rule {rule}",
+                            ALGORITHM) for rule, rspec in RULES.items() for r in rspec.settings]
+    return dataclasses.replace(spec, settings=tuple(settings))
 
 
-def _discover_rules() -> dict:
-    """``{name: RuleSpec}`` of every module of ``ssdmpi/algos/rules/`` with a ``SPEC``, by file name."""
-    found = [importlib.import_module(f"{rule_modules.__name__}.{m.name}")
-             for m in sorted(pkgutil.iter_modules(rule_modules.__path__), key=lambda m: m.name)]
-    return {m.SPEC.name: m.SPEC for m in found if isinstance(getattr(m, "SPEC", None), RuleSpec)}
+def _algorithm_settings() -> list:
+    """The algorithms' settings in the order they depend on each other (each once)."""
+    out, seen = [], set()
+    for spec in ALGORITHMS.values():
+        for s in spec.settings:
+            if s.name not in seen:
+                seen.add(s.name)
+                out.append(s)
+    return out
 
 
-RULES = _discover_rules()
-DEFAULT_RULE = next(name for name, spec in RULES.items() if spec.default)
-RULE_SETTINGS = tuple(s for spec in RULES.values() for s in spec.settings)
+def _this_module():
+    import sys
+
+    return sys.modules[__name__]
 
 
-def _rule_setting(s: Setting, rule: str) -> Setting:
-    """A rule's own setting: it applies with that rule only, and is one of the algorithm's settings."""
-    return dataclasses.replace(s, where=f"--comm period --period-rule {rule}", group=ALGORITHM,
-                               applies=lambda run, base=s.applies: run.period_rule == rule
-                               and (base is None or base(run)))
-
-
-SETTINGS = {s.name: s for s in (
-    Setting("lr", 0.1, "global learning rate", float, functools.partial(number, low=0.0, strict=True),
-            group=OPTIMIZER),
-    Setting("lr_schedule", "constant", "constant | step:EVERY[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine | "
-            "poly[:POWER] (epochs)", check=_schedule, metavar="SPEC", group=OPTIMIZER),
-    Setting("lr_warmup_epochs", 0.0, "epochs of linear warm-up of the global lr", float,
-            functools.partial(number, low=0.0), metavar="E", group=OPTIMIZER),
-    Setting("momentum", 0.9, "global momentum", float, functools.partial(number, low=0.0, high=1.0, high_open=True),
-            group=OPTIMIZER),
-    Setting("weight_decay", 1e-4, "weight decay on weights and BN gamma", float,
-            functools.partial(number, low=0.0), group=OPTIMIZER),
-    Setting("algo", "ssd", "training algorithm", group=ALGORITHM, structural=True),   # choices: below
-    Setting("delay", 5, "delay k, iterations between pulls of the global model (--comm period: the period; "
-            "localsgd: between model averages); auto (--comm period with a rule that has a merge delay): the merge "
-            "delay d that hides the allreduce and the period k that amortises it, within the rule's stable region, "
-            "measured in the SSGD warm-up (needs --warmup-steps >= 5; docs/ALGORITHM.md section 12)",
-            delay_value, _delay, metavar="K|auto", group=ALGORITHM, context_check=_auto_warmup, structural=True,
-            bench_tag="k{}"),
-    Setting("delay_max", DELAY_RANGE[1], "the largest k (and d) --delay auto may choose: a cap on staleness "
-            "(below what hiding the allreduce needs, part of it is exposed)", int, positive_int, metavar="K",
-            group=ALGORITHM, applies=lambda run: run.delay == "auto", where="--delay auto",
-            note="it caps the k auto chooses", bench_tag="max{}"),
-    Setting("warmup_steps", 0, "SSGD warm-up iterations", int, nonnegative_int, metavar="T", group=ALGORITHM,
-            argparse={"group": "warmup"}),
-    Setting("warmup_epochs", None, "SSGD warm-up in epochs (instead of --warmup-steps)", float,
-            functools.partial(number, low=0.0), metavar="E", group=ALGORITHM, argparse={"group": "warmup"},
-            default_text="unset, --warmup-steps decides"),
-    Setting("comm", "period", "communication schedule of ssd", choices=("step", "period"), group=ALGORITHM,
-            structural=True, bench_tag="{}"),
-    Setting("local_update", "global-momentum", "local update of the delay stage", choices=LOCAL_UPDATES,
-            group=ALGORITHM, applies=_uses_local_update, refusal=_local_update_refusal, structural=True,
-            where="--comm step or " + _or(f"--period-rule {r}" for r, s in RULES.items() if s.uses_local_update)),
-    Setting("local_lr", None, "local learning rate of --local-update glu-paper and sgd", float,
-            functools.partial(number, low=0.0, strict=True), group=ALGORITHM,
-            applies=lambda run: run.local_update in LOCAL_LR_UPDATES, where=f"--local-update {_or(LOCAL_LR_UPDATES)}",
-            default_text="world size x lr"),
-    Setting("local_lr_schedule", None, "schedule of the local lr", check=_schedule, metavar="SPEC", group=ALGORITHM,
-            applies=lambda run: run.local_update in LOCAL_LR_UPDATES, where=f"--local-update {_or(LOCAL_LR_UPDATES)}",
-            default_text="the global schedule's shape"),
-    Setting("glu_divisor", 12.0, "divisor C of --local-update glu-paper", float,
-            functools.partial(number, low=0.0, strict=True), metavar="C", group=ALGORITHM,
-            applies=lambda run: run.local_update == "glu-paper", where="--local-update glu-paper"),
-    Setting("period_rule", DEFAULT_RULE, "update rule of --comm period", choices=tuple(RULES), metavar="RULE",
-            group=ALGORITHM, applies=lambda run: run.comm == "period", where="--algo ssd --comm period",
-            structural=True),
-    *(_rule_setting(s, spec.name) for spec in RULES.values() for s in spec.settings),
-    Setting("servers", 1, "asgd: parameter-server ranks (the last S ranks)", int, positive_int, metavar="S",
-            group=ALGORITHM, structural=True, bench_tag="s{}"),
-    Setting("asgd_order", ASGD_ORDERS[0], "asgd: apply pushes as they arrive, or in worker order (deterministic, "
-            "for tests)", choices=ASGD_ORDERS, group=ALGORITHM),
-    Setting("asgd_rate", "staleness", "asgd: the lr of each push: the global lr, or the global lr / (1 + the "
-            "push's staleness)", choices=ASGD_RATES, group=ALGORITHM),
-)}
-# The settings an algorithm resolves (None in a config: the algorithm's default), in the order they
-# depend on each other; a resolved run records them (``config.yaml``) but for the contextual ones.
-RESOLVED = ("delay", "delay_max", "comm", "period_rule", *(s.name for s in RULE_SETTINGS), "local_update",
-            "local_lr", "local_lr_schedule", "glu_divisor", "servers", "asgd_order", "asgd_rate")
-RECORDED = tuple(n for n in RESOLVED if SETTINGS[n].default_text is None)
+RULE_SELECTOR = "period_rule"   # the algorithm setting whose value names the --period-rule
+ALGO = _selector("algo", ALGORITHMS, DEFAULT_ALGORITHM, "training algorithm", group=ALGORITHM)
+OPTIMIZER_SELECTOR = _selector("optimizer", OPTIMIZERS, DEFAULT_OPTIMIZER, "inner optimizer of every step",
+                               group=OPTIMIZER)
+# Every algorithm has these; each resolves none of them away.
+UNIVERSAL = (LR, LR_SCHEDULE, LR_WARMUP_EPOCHS, WARMUP_STEPS, WARMUP_EPOCHS)
+_OPTIMIZER_SETTINGS = _optimizer_settings()
+ALGORITHMS = {name: _with_rule_settings(spec) for name, spec in ALGORITHMS.items()}
+_ALGORITHM_SETTINGS = _algorithm_settings()
+SETTINGS = {s.name: s for s in (LR, LR_SCHEDULE, LR_WARMUP_EPOCHS, OPTIMIZER_SELECTOR, *_OPTIMIZER_SETTINGS, ALGO,
+                                WARMUP_STEPS, WARMUP_EPOCHS, *_ALGORITHM_SETTINGS)}
+# The settings a run resolves (None in a config: the algorithm's or optimizer's default), in the order
+# they depend on each other; a resolved run records them (``config.yaml``) but for the contextual ones.
+RESOLVED = (OPTIMIZER_SELECTOR.name, *(s.name for s in _OPTIMIZER_SETTINGS), *(s.name for s in _ALGORITHM_SETTINGS))
+RECORDED = tuple(n for n in RESOLVED if SETTINGS[n].default_text is None and SETTINGS[n].derive is None)
 # What ``resolve`` checks (the schedules and the epoch counts are checked in the form each layer holds them).
-CHECKED = ("lr", "momentum", "weight_decay", "warmup_steps", *(n for n in RESOLVED if n != "local_lr_schedule"))
-SSD_SETTINGS = ("delay", "delay_max", "comm", "period_rule", *(s.name for s in RULE_SETTINGS), "local_update",
-                "local_lr", "local_lr_schedule", "glu_divisor")
-
-
-def _ssd_twin(cfg) -> str:
-    return "ssdmpi.algos.reference:StepTwin" if cfg.comm == "step" else RULES[cfg.period_rule].reference
-
-
-ALGORITHMS = {spec.name: spec for spec in (
-    AlgorithmSpec("ssgd", lambda cfg: "ssdmpi.algos.base:SSGD", lambda cfg: None, lambda cfg, workers: "ssgd",
-                  why="blocking allreduce every step", delay_stage=False, warmup=False, variants={"ssgd": {}},
-                  pattern=lambda cfg: ("ssgd", 1), baseline=True),
-    AlgorithmSpec("ssd", lambda cfg: f"ssdmpi.algos.ssd:{'SSDStep' if cfg.comm == 'step' else 'SSDPeriod'}",
-                  _ssd_twin, lambda cfg, workers: f"ssd (k={cfg.delay}, comm {cfg.comm}, warm-up "
-                                                 f"{cfg.warmup_steps} steps)",
-                  settings=SSD_SETTINGS, label=("{comm}", "k={delay}"), bench=("comm", "delay"),
-                  variants={**{f"step/{u}": {"comm": "step", "local_update": u} for u in LOCAL_UPDATES},
-                            **{f"period/{r}": {"comm": "period", "period_rule": r, **s.variant}
-                               for r, s in RULES.items()}},
-                  pattern=lambda cfg: ("period", cfg.delay) if cfg.comm == "period" else ("step", 1)),
-    AlgorithmSpec("odsgd", lambda cfg: "ssdmpi.algos.ssd:ODSGD", _ssd_twin,
-                  lambda cfg, workers: f"odsgd (k=1, comm step, warm-up {cfg.warmup_steps} steps)",
-                  settings=SSD_SETTINGS, fixed={"delay": 1, "comm": "step"}, variant_of="ssd",
-                  variants={"odsgd": {}}, pattern=lambda cfg: ("step", 1)),
-    AlgorithmSpec("localsgd", lambda cfg: "ssdmpi.algos.localsgd:LocalSGD",
-                  lambda cfg: "ssdmpi.algos.reference:LocalSGDTwin", lambda cfg, workers: f"localsgd (k={cfg.delay})",
-                  settings=("delay", "delay_max"), why="it averages models every --delay steps, blocking",
-                  label=("k={delay}",), bench=("delay",), variants={"localsgd": {}},
-                  pattern=lambda cfg: ("localsgd", cfg.delay)),
-    AlgorithmSpec("asgd", lambda cfg: "ssdmpi.algos.asgd:ASGD", lambda cfg: None,
-                  lambda cfg, workers: f"asgd ({counted(cfg.servers, 'server')}, {counted(workers, 'worker')}, "
-                                       f"order {cfg.asgd_order}, warm-up {cfg.warmup_steps} steps)",
-                  settings=("servers", "asgd_order", "asgd_rate"), why="a parameter server applying each push",
-                  delay_stage=False,
-                  simulation="ssdmpi.algos.reference:ASGDSimulation", bench=("servers",), bench_required=0,
-                  variants={"asgd": {"servers": 1, "asgd_order": "round-robin"},
-                            "asgd/plain": {"servers": 1, "asgd_order": "round-robin", "asgd_rate": "plain"}},
-                  check=_check_servers,
-                  workers=lambda run, world_size: world_size - run.servers),
-)}
-SETTINGS["algo"] = dataclasses.replace(SETTINGS["algo"], choices=tuple(ALGORITHMS))
+CHECKED = (LR.name, WARMUP_STEPS.name, *(n for n in RESOLVED if SETTINGS[n].check is not LR_SCHEDULE.check))
 ALGORITHM_SETTINGS = tuple(n for n, s in SETTINGS.items() if s.group == ALGORITHM)
 
 
 def algorithm(name) -> AlgorithmSpec:
     """The spec of ``--algo name``; ``UserError`` naming the choices for any other name."""
-    SETTINGS["algo"].validate(name)
+    ALGO.validate(name)
     return ALGORITHMS[name]
 
 
@@ -238,14 +157,52 @@ def find(name) -> AlgorithmSpec | None:
 
 
 def variants() -> dict:
-    """``{variant name: settings}`` of every algorithm's named configurations (with ``algo``)."""
-    return {v: {"algo": spec.name, **settings} for spec in ALGORITHMS.values() for v, settings in spec.variants.items()}
+    """``{variant name: settings}`` of every algorithm's named configurations (with ``algo``): its own, and
+    one per period rule for an algorithm that has them (``AlgorithmSpec.rule_variant``)."""
+    out = {}
+    for spec in ALGORITHMS.values():
+        own = dict(spec.variants)
+        if spec.rule_variant is not None:
+            own.update(spec.rule_variant(rule) for rule in RULES.values())
+        out.update({v: {"algo": spec.name, **settings} for v, settings in own.items()})
+    return out
+
+
+def accuracy_defaults() -> tuple:
+    """The variants ``ssdmpi bench accuracy`` runs unless told otherwise: each algorithm's
+    ``accuracy_defaults``, and the rule variants of the rules marked ``accuracy_default``."""
+    out = []
+    for spec in ALGORITHMS.values():
+        out += spec.accuracy_defaults
+        if spec.rule_variant is not None:
+            out += [spec.rule_variant(rule)[0] for rule in RULES.values() if rule.accuracy_default]
+    return tuple(out)
+
+
+def linear_maps() -> dict:
+    """``{name: LinearMap}`` of every algorithm and rule that has one (``ssdmpi/algos/stability.py``)."""
+    specs = [*ALGORITHMS.values(), *RULES.values()]
+    return {spec.name: spec.linear_map for spec in specs if spec.linear_map is not None}
+
+
+def swept(name: str) -> tuple:
+    """The settings of rule (or algorithm) ``name`` that its linear map takes (those with a ``sweep``)."""
+    spec = RULES.get(name) or ALGORITHMS[name]
+    return tuple(s for s in spec.settings if s.sweep is not None) if name in RULES else ()
 
 
 def where(name: str) -> str:
     """When setting ``name`` applies, in words: its own condition, or the algorithms that use it."""
     s = SETTINGS[name]
-    return s.where or "--algo " + _or(a for a, spec in ALGORITHMS.items() if spec.uses(name))
+    return s.where or "--algo " + or_(a for a, spec in ALGORITHMS.items() if spec.uses(name))
+
+
+def default_value(name: str, optimizer: str | None = None):
+    """The default of setting ``name`` for ``optimizer`` (an optimizer's own default of a shared setting)."""
+    spec = OPTIMIZERS.get(optimizer or DEFAULT_OPTIMIZER)
+    if spec is not None and name in spec.defaults:
+        return spec.defaults[name]
+    return SETTINGS[name].default
 
 
 def default_text(name: str) -> str:
@@ -254,19 +211,30 @@ def default_text(name: str) -> str:
     s = SETTINGS[name]
     if s.default_text is not None:
         return s.default_text
+    own = [f"{default_value(name, o):g} with --optimizer {o}" for o, spec in OPTIMIZERS.items()
+           if name in spec.defaults]
+    if own:
+        return "; ".join(own)
     if name not in RESOLVED:
         return str(s.default)
-    users = [a for a, spec in ALGORITHMS.items() if name in spec.settings and name not in spec.fixed]
+    users = [a for a, spec in ALGORITHMS.items() if spec.takes(name)]
     fixed = "".join(f"; {a}: {spec.fixed[name]}" for a, spec in ALGORITHMS.items() if name in spec.fixed)
     value = f"{s.default:g}" if isinstance(s.default, float) else s.default
-    return f"{value} with {s.where or '--algo ' + _or(users)}{fixed}"
+    if not users and not s.where:
+        return str(value)
+    return f"{value} with {s.where or '--algo ' + or_(users)}{fixed}"
 
 
 class Run(dict):
     """An algorithm's settings as far as resolved, read as attributes (None when unset); ``spec``,
-    ``rule`` (its ``RuleSpec``, or None), ``given`` (the values asked for)."""
+    ``rule`` (its ``RuleSpec``, or None), ``given`` (the values asked for), ``applied`` (the settings
+    that apply)."""
 
     __getattr__ = dict.get
+
+
+def _universal(spec: AlgorithmSpec, name: str) -> bool:
+    return name in (OPTIMIZER_SELECTOR.name, *(s.name for s in _OPTIMIZER_SETTINGS))
 
 
 def _refusal(s: Setting, run: Run, value) -> str:
@@ -275,17 +243,19 @@ def _refusal(s: Setting, run: Run, value) -> str:
     spec, shown = run.spec, f" {value}" if s.choices else ""
     if s.refusal is not None:
         return s.refusal(run)
-    if not spec.uses(s.name) and spec.why and s.where is None and sum(a.uses(s.name) for a in ALGORITHMS.values()) > 1:
+    if (not spec.uses(s.name) and spec.why and s.where is None
+            and sum(a.uses(s.name) for a in ALGORITHMS.values()) > 1):
         return f"--{s.flag}{shown} does not apply to --algo {spec.name} ({spec.why}); drop it"
     return f"--{s.flag} applies only to {where(s.name)}" + (f" ({s.note})" if s.note else "") + "; drop it"
 
 
 def resolve(values: dict, world_size: int | None = None) -> Run:
     """The algorithm's settings of ``values`` (field names; missing or None: unset) resolved: each
-    checked, a setting given where it does not apply refused, the defaults of ``--algo`` filled in
-    (the local lr's needs ``world_size``: None until known). ``UserError`` (one line) on any of it.
-    Returns the ``Run``: the ``RESOLVED`` settings, ``spec``, ``rule``, ``applied`` (those that apply)."""
-    spec = algorithm(values.get("algo", SETTINGS["algo"].default))
+    checked, a setting given where it does not apply refused, the defaults of ``--algo`` and
+    ``--optimizer`` filled in (a default that depends on the run, ``Setting.derive``, once ``world_size``
+    is known). ``UserError`` (one line) on any of it. Returns the ``Run``: the ``RESOLVED`` settings,
+    ``spec``, ``rule``, ``applied`` (those that apply)."""
+    spec = algorithm(values.get("algo", ALGO.default))
     for name in CHECKED:
         SETTINGS[name].validate(values.get(name))
     run = Run({k: values.get(k, SETTINGS[k].default) for k in ("algo", "lr", "warmup_steps")}, spec=spec,
@@ -298,45 +268,47 @@ def resolve(values: dict, world_size: int | None = None) -> Run:
                 raise UserError(f"--algo {spec.name} is {spec.variant_of} with {fixed}; got --{s.flag} {given} "
                                 f"(use --algo {spec.variant_of} for that)")
             run[name] = spec.fixed[name]
-        elif not spec.uses(name) or (s.applies is not None and not s.applies(run)):
+        elif (not spec.uses(name) and not _universal(spec, name)) or (s.applies is not None and not s.applies(run)):
             if given is not None:
                 raise UserError(_refusal(s, run, given))
             run[name] = None
             continue
         else:
-            run[name] = given if given is not None else s.default
+            run[name] = given if given is not None else default_value(name, run.optimizer)
             if s.context_check is not None:
                 s.context_check(run)
         run.applied.add(name)
-        if name == "period_rule":
+        if name == RULE_SELECTOR:
             run["rule"] = RULES.get(run.period_rule)
-    if run.delay == "auto":
-        _auto_applies(run)
-        if values.get(run.rule.auto_chooses) is None:
-            run[run.rule.auto_chooses] = None       # chosen with k at the switch (ssdmpi/algos/auto_delay.py)
-    if run.local_lr is None and "local_lr" in run.applied and world_size is not None:
-        run["local_lr"] = world_size * run.lr
+    auto = run.rule.auto_chooses if run.delay == "auto" and run.rule is not None else None
+    if auto and values.get(auto) is None:
+        run[auto] = None        # chosen with k at the switch (ssdmpi/algos/auto_delay.py)
+    for name in RESOLVED:
+        s = SETTINGS[name]
+        if s.derive is not None and run[name] is None and name in run.applied:
+            run[name] = s.derive(run, world_size)
     if spec.check is not None:
         spec.check(run, world_size)
     return run
 
 
 def predating_values(old: dict) -> dict:
-    """``{setting: value}`` for the algorithm settings a run's config ``old`` (field names, as a checkpoint
-    stores it) predates and that change what it ran: ``merge_momentum`` 0 for a run of a period rule that
-    has it now (there was no momentum merge before the setting). ``{}`` when there is none."""
-    spec = ALGORITHMS.get(old.get("algo") or SETTINGS["algo"].default)
-    if spec is None or "merge_momentum" in old or not spec.uses("period_rule"):
+    """``{setting: value}`` for the settings a run's config ``old`` (field names, as a checkpoint stores it)
+    predates and that change what it ran: its period rule's ``RuleSpec.predating`` values of settings the
+    config does not have. ``{}`` when there is none."""
+    spec = ALGORITHMS.get(old.get("algo") or ALGO.default)
+    if spec is None or not spec.uses(RULE_SELECTOR):
         return {}
     comm = spec.fixed.get("comm", old.get("comm") or SETTINGS["comm"].default)
-    rule = RULES.get(old.get("period_rule") or DEFAULT_RULE)
-    has_it = rule is not None and any(s.name == "merge_momentum" for s in rule.settings)
-    return {"merge_momentum": 0.0} if comm == "period" and has_it else {}
+    rule = RULES.get(old.get(RULE_SELECTOR) or DEFAULT_RULE)
+    if comm != "period" or rule is None:
+        return {}
+    return {name: value for name, value in rule.predating.items() if name not in old}
 
 
 def _algo_config_fields() -> list:
     """``AlgoConfig``'s fields: the settings above (lengths in steps), the run's length."""
-    skip = {"warmup_epochs", "lr_warmup_epochs"}
+    skip = {WARMUP_EPOCHS.name, LR_WARMUP_EPOCHS.name}
     return [(n, object, dataclasses.field(default=None if n in RESOLVED else s.default))
             for n, s in SETTINGS.items() if n not in skip] + \
         [("lr_warmup_steps", int, dataclasses.field(default=0)), ("total_steps", object, None)]
@@ -391,7 +363,22 @@ AlgoConfig = dataclasses.make_dataclass("AlgoConfig", _algo_config_fields(), bas
                                                    "__module__": __name__})
 
 
+def own_settings(specs: tuple, cfg) -> dict:
+    """``{name: value}`` of the settings a rule's or an optimizer's spec declares, from a resolved ``cfg``."""
+    return {s.name: getattr(cfg, s.name) for s in specs}
+
+
+def build_optimizer(cfg, mask):
+    """The inner optimizer ``cfg.optimizer`` with its settings, for weights with decay ``mask``."""
+    spec = OPTIMIZERS[cfg.optimizer]
+    return spec.implementation(mask, **own_settings(spec.settings, cfg))
+
+
 def build_algorithm(config, model, communicator):
     """The algorithm ``config.algo`` on ``model`` (the API: ``ssdmpi/algos/__init__.py``)."""
     cfg = config.validate(world_size=communicator.size)
-    return load(ALGORITHMS[cfg.algo].implementation(cfg))(cfg, model, communicator)
+    spec = ALGORITHMS[cfg.algo]
+    rule = RULES.get(cfg.period_rule) if cfg.period_rule is not None else None
+    parts = Parts(optimizer=build_optimizer(cfg, model.flat.decay_mask()), rule=rule,
+                  rule_settings=own_settings(rule.settings, cfg) if rule is not None else {})
+    return load(spec.implementation(cfg))(cfg, model, communicator, parts)

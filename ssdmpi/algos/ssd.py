@@ -1,4 +1,4 @@
-"""SSD-SGD (and OD-SGD) on MPI: the delay stage with ``--comm step`` (5a) or ``--comm period`` (5b).
+"""``--algo ssd``: SSD-SGD on MPI, the delay stage with ``--comm step`` (5a) or ``--comm period`` (5b).
 
 Scaling: ``g`` below is this rank's MEAN gradient (``model.grads``, ALGORITHM.md's ``g/B``);
 the allreduce averages it over ranks, which gives ALGORITHM.md's ``G/(B*N)``.
@@ -6,10 +6,16 @@ the allreduce averages it over ranks, which gives ALGORITHM.md's ``G/(B*N)``.
 
 from __future__ import annotations
 
-from ssdmpi.algos.base import Algorithm
+import functools
+
+from ssdmpi.algos import auto_delay
+from ssdmpi.algos.base import DELAY, DELAY_MAX, Algorithm
 from ssdmpi.algos.period import PeriodState
-from ssdmpi.algos.registry import RULES
-from ssdmpi.optim.local import make_local_update
+from ssdmpi.errors import UserError
+from ssdmpi.optim.local import LOCAL_LR_UPDATES, LOCAL_UPDATES, make_local_update
+from ssdmpi.optim.schedules import check_schedule
+from ssdmpi.spec import ALGORITHM, AlgorithmSpec, Setting
+from ssdmpi.validate import number
 
 
 class _SSDBase(Algorithm):
@@ -17,17 +23,17 @@ class _SSDBase(Algorithm):
 
     name = "ssd"
 
-    def __init__(self, config, model, communicator):
+    def __init__(self, config, model, communicator, parts):
         self.local = None
         self._local_sched = config.local_schedule()
-        super().__init__(config, model, communicator)
+        super().__init__(config, model, communicator, parts)
 
     def _make_local(self):
         c = self.config
-        self.local = make_local_update(c.local_update, M=self.M, world_size=self.N, delay=self.k,
-                                       momentum=c.momentum, weight_decay=c.weight_decay,
+        self.local = make_local_update(c.local_update, optimizer=self.optimizer, global_state=self.M,
+                                       world_size=self.N, delay=self.k, weight_decay=c.weight_decay,
                                        glu_divisor=c.glu_divisor, decay_mask=self.mask)
-        self.local._plan.poll = self.poll
+        self.local.poll = self.poll
         self.local.begin(self.L)
 
     def local_lr_at(self, t: int) -> float:
@@ -87,7 +93,7 @@ class SSDStep(_SSDBase):
         if self._handle is not None:
             G = self._handle.wait()
             self._handle = None
-            self.global_sgd.step(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
+            self.optimizer.update(self.W, self.M, G, self.schedule(self.s), divisor=self.N)
             self.s += 1
 
     def drain(self) -> None:
@@ -99,37 +105,105 @@ class SSDStep(_SSDBase):
         self._handle = None
 
 
-class ODSGD(SSDStep):
-    """``--algo odsgd``: OD-SGD, ``ssd`` with ``k = 1`` and ``--comm step``."""
-
-    name = "odsgd"
-
-
 class SSDPeriod(_SSDBase):
     """ALGORITHM.md 5b, ``--comm period``: one allreduce per period of ``k`` iterations.
 
-    The update rule is a ``PeriodRule`` (``ssdmpi/algos/period.py``) chosen by
-    ``--period-rule``. ``drain()`` completes the request in flight but HOLDS its result
-    until the period end where the schedule applies it: applying it earlier would change
-    the ``M`` and ``s`` that the remaining local steps of the period read, so a mid-period
-    checkpoint would not continue bit for bit. ``finalize()`` applies a held result at once.
+    The update rule is a ``PeriodRule`` (``ssdmpi/algos/period.py``) chosen by ``--period-rule``, built
+    at the switch with the values of its own settings (``parts.rule_settings``). ``drain()`` completes
+    the request in flight but HOLDS its result until the period end where the schedule applies it:
+    applying it earlier would change the ``M`` and ``s`` that the remaining local steps of the period
+    read, so a mid-period checkpoint would not continue bit for bit. ``finalize()`` applies a held
+    result at once.
+
+    ``--delay auto`` (``config.delay == "auto"``): ``k`` (and the rule's setting that auto chooses with
+    it, ``RuleSpec.auto_chooses``, unless given) is None until the switch, where
+    ``ssdmpi/algos/auto_delay.py`` chooses it from the warm-up's measurements (collective), within the
+    stable region of the rule's linear map; ``delay_choice`` holds the result and ``on_delay_chosen``
+    (set by the trainer) is told of it.
     """
 
-    def __init__(self, config, model, communicator):
+    def __init__(self, config, model, communicator, parts):
         self.rule = None
-        self.rule_spec = RULES[config.period_rule]
-        super().__init__(config, model, communicator)
+        self.rule_spec, self.rule_settings = parts.rule, dict(parts.rule_settings)
+        self.auto = config.delay == "auto"
+        super().__init__(config, model, communicator, parts)
+        if self.auto:
+            self.k = None
+            chosen = self.rule_spec.auto_chooses
+            fixed = {s.name: self.rule_settings[s.name] for s in self.rule_spec.settings
+                     if s.sweep is not None and s.name != chosen}
+            stable = auto_delay.stable_region(self.rule_spec.linear_map, self.optimizer.linear_momentum, chosen,
+                                              fixed)
+            self._meter = auto_delay.DelayMeter(hi=config.delay_max, d=self.rule_settings[chosen], stable=stable)
+
+    # --- --delay auto: measured in the warm-up, chosen at the switch ---------------------------
+
+    def _warmup_step(self, x, y) -> float:
+        """``_ssgd_step``, timed for ``--delay auto``: the allreduce's time is what ``comm.stats``
+        recorded during the step (the loop resets the stats only between steps); the rest of the
+        step (forward, backward, the update) is compute, and the update is that less forward and
+        backward. On a GPU the update is still running when the step returns: it lands in the next
+        step's compute, before its synchronize. Without the backward overlap: ``c`` and ``T`` are
+        measured apart (overlapped, each would hide part of the other)."""
+        if not self.auto:
+            return self._ssgd_step(x, y)
+        import time
+
+        t0, T0, fb0 = time.perf_counter(), self.comm.stats.inflight_s, self.phases.fb_s
+        loss = self._ssgd_step(x, y, overlap=False)
+        T = self.comm.stats.inflight_s - T0
+        c = time.perf_counter() - t0 - T
+        self._meter.add(c, T, c - (self.phases.fb_s - fb0))
+        return loss
+
+    def _switch(self) -> None:
+        if self.auto:
+            self._choose_delay()
+        self._enter_delay()
+
+    def _choose_delay(self) -> None:
+        """Collective, at the switch: agree on ``k`` (auto_delay.py, with its CPU probe on a scratch
+        buffer: no weight changes) and report it."""
+        n = self.model.grads.size
+
+        def probe(fraction: float) -> float:
+            return auto_delay.probe_cpu(self.comm, self.xp.zeros(max(1, int(fraction * n)), self.model.grads.dtype))
+
+        self._chosen(self._meter.choose(self.comm, self.t, probe))
+        if self.on_delay_chosen is not None:
+            self.on_delay_chosen(self.delay_choice)
+
+    def _chosen(self, choice) -> None:
+        self.delay_choice, self.k = choice, choice.k
+        self.rule_settings[self.rule_spec.auto_chooses] = choice.d
+
+    def _schedule_state(self) -> dict:
+        if not self.auto:
+            return {}
+        return self.delay_choice.state() if self.delay_choice else self._meter.state_dict()
+
+    def _load_schedule_state(self, d: dict) -> None:
+        """``--delay auto``: the choice made before the checkpoint (kept, never re-measured), or,
+        inside the warm-up, the samples measured so far."""
+        if not self.auto:
+            return
+        if "auto.k" in d:
+            self._chosen(auto_delay.DelayChoice.from_state(d))
+        elif str(d.get("stage")) == "delay":
+            raise UserError("the checkpoint's delay stage has no --delay auto choice in it (was it trained with "
+                            "a fixed --delay?); resume with that --delay")
+        else:
+            self._meter.load_state_dict(d)
+
+    # --- the delay stage ----------------------------------------------------------------------
 
     def _begin_delay(self) -> None:
         if self.rule_spec.uses_local_update:
             self._make_local()
-        c = self.config
         state = PeriodState(xp=self.xp, W=self.W, M=self.M, L=self.L, mask=self.mask, counts=self.counts, N=self.N,
-                            k=self.k, d=self.d, T_w=self.T_w, momentum=c.momentum, weight_decay=c.weight_decay,
-                            schedule=self.schedule, global_sgd=self.global_sgd, local=self.local,
-                            local_lr=self.local_lr_at, comm=self.comm, poll=self.poll,
-                            merge_momentum=getattr(c, "merge_momentum", None) or 0.0)
-        self.rule = self.rule_spec.implementation(state)
+                            k=self.k, T_w=self.T_w, schedule=self.schedule, optimizer=self.optimizer,
+                            local=self.local, local_lr=self.local_lr_at, comm=self.comm, poll=self.poll)
+        self.rule = self.rule_spec.implementation(state, **self.rule_settings)
         self.rule.begin()
 
     def _delay_step(self, x, y) -> float:
@@ -150,6 +224,23 @@ class SSDPeriod(_SSDBase):
         if self.rule is not None and not self.rule_spec.uses_local_update:
             return self.rule.local_lr(self.t)
         return self.schedule(self.s)
+
+    def allreduce_window(self) -> tuple | None:
+        """``(k, d, --merge delay's flag)`` for a rule with a merge delay, ``(k, k, "--delay")`` for one
+        merged at the next period's end; None with ``--delay auto``."""
+        if self.auto or not self.k:
+            return None
+        chosen = self.rule_spec.auto_chooses
+        if chosen is None:
+            return self.k, self.k, f"--{DELAY.flag}"
+        flag = next(s.flag for s in self.rule_spec.settings if s.name == chosen)
+        return self.k, self.rule_settings[chosen], f"--{flag}"
+
+    def _shown(self) -> list:
+        k = "auto" if self.auto and self.k is None else self.k
+        own = [(name, "auto" if value is None and self.auto else value) for name, value in self.rule_settings.items()]
+        shown = super()._shown()
+        return [("k", k)] + shown[1:3] + [("rule", self.rule_spec.name)] + own + shown[3:]
 
     def drain(self) -> None:
         if self.rule is not None:
@@ -182,3 +273,78 @@ class SSDPeriod(_SSDBase):
     def _reset_inflight(self) -> None:
         if self.rule is not None:
             self.rule.reset_inflight()
+
+
+# --- the settings of ssd and its spec ---------------------------------------------------------
+
+def _uses_local_update(run) -> bool:
+    return run.comm == "step" or bool(run.rule and run.rule.uses_local_update)
+
+
+def _local_update_refusal(run) -> str:
+    rule = f" --comm {run.comm} --period-rule {run.period_rule}" if run.period_rule else ""
+    add_comm = run.spec.uses("comm") and "comm" not in run.spec.fixed and run.given.get("comm") is None
+    return (f"--local-update does not apply to --algo {run.algo}{rule}"
+            + ("; it is for --comm step: add --comm step" if add_comm else "; drop it"))
+
+
+def _with_local_update(registry) -> str:
+    return "--comm step or " + registry.or_(f"--period-rule {r}" for r, s in registry.RULES.items()
+                                            if s.uses_local_update)
+
+
+COMM = Setting("comm", "period", "communication schedule of ssd", choices=("step", "period"), group=ALGORITHM,
+               structural=True, bench_tag="{}")
+# Its choices and default are the rules the registry finds (``RuleSpec.default``).
+PERIOD_RULE = Setting("period_rule", None, "update rule of --comm period", metavar="RULE", group=ALGORITHM,
+                      applies=lambda run: run.comm == "period", where="--algo ssd --comm period", structural=True)
+LOCAL_UPDATE = Setting("local_update", "global-momentum", "local update of the delay stage", choices=LOCAL_UPDATES,
+                       group=ALGORITHM, applies=_uses_local_update, refusal=_local_update_refusal, structural=True,
+                       where=_with_local_update)
+LOCAL_LR = Setting("local_lr", None, "local learning rate of --local-update glu-paper and sgd", float,
+                   functools.partial(number, low=0.0, strict=True), group=ALGORITHM,
+                   applies=lambda run: run.local_update in LOCAL_LR_UPDATES,
+                   where="--local-update " + " or ".join(LOCAL_LR_UPDATES), default_text="world size x lr",
+                   derive=lambda run, world_size: None if world_size is None else world_size * run.lr)
+LOCAL_LR_SCHEDULE = Setting("local_lr_schedule", None, "schedule of the local lr", check=check_schedule,
+                            metavar="SPEC", group=ALGORITHM, applies=lambda run: run.local_update in LOCAL_LR_UPDATES,
+                            where="--local-update " + " or ".join(LOCAL_LR_UPDATES),
+                            default_text="the global schedule's shape")
+GLU_DIVISOR = Setting("glu_divisor", 12.0, "divisor C of --local-update glu-paper", float,
+                      functools.partial(number, low=0.0, strict=True), metavar="C", group=ALGORITHM,
+                      applies=lambda run: run.local_update == "glu-paper", where="--local-update glu-paper")
+SETTINGS = (DELAY, DELAY_MAX, COMM, PERIOD_RULE, LOCAL_UPDATE, LOCAL_LR, LOCAL_LR_SCHEDULE, GLU_DIVISOR)
+
+
+def _auto_applies(run, world_size) -> None:
+    """``--delay auto`` chooses a period and the merge delay that hides its allreduce: it needs a period
+    rule with one (``RuleSpec.auto_chooses``); with ``--comm step`` nothing is in flight across steps."""
+    from ssdmpi.algos import registry  # late: the registry imports this module
+
+    if run.delay != "auto" or (run.rule is not None and run.rule.auto_chooses):
+        return
+    if run.comm == "step":
+        raise UserError("--delay auto does not apply to --comm step (it sends every step, overlapped with one "
+                        "step: k does not hide it); give a fixed --delay K, or use --comm period")
+    with_one = registry.or_(f"--period-rule {r}" for r, s in registry.RULES.items() if s.auto_chooses)
+    raise UserError(f"--delay auto chooses the period and the merge delay of {with_one}; --period-rule "
+                    f"{run.period_rule} has no merge delay: give a fixed --delay K, or use {with_one}")
+
+
+def _twin(cfg, rule) -> str:
+    return "ssdmpi.verify.reference:StepTwin" if cfg.comm == "step" else rule.reference
+
+
+def _implementation(cfg) -> str:
+    return f"ssdmpi.algos.ssd:{'SSDStep' if cfg.comm == 'step' else 'SSDPeriod'}"
+
+
+SPEC = AlgorithmSpec("ssd", _implementation, _twin,
+                     lambda cfg, workers: f"ssd (k={cfg.delay}, comm {cfg.comm}, warm-up {cfg.warmup_steps} steps)",
+                     settings=SETTINGS, inspect=lambda cfg: f"comm {cfg.get('comm')}, k={cfg.get('delay')}",
+                     label=("{comm}", "k={delay}"), bench=("comm", "delay"),
+                     variants={f"step/{u}": {"comm": "step", "local_update": u} for u in LOCAL_UPDATES},
+                     rule_variant=lambda rule: (f"period/{rule.name}",
+                                                {"comm": "period", "period_rule": rule.name, **rule.variant}),
+                     accuracy_defaults=("step/global-momentum",), check=_auto_applies, default=True,
+                     pattern=lambda cfg: ("period", cfg.delay) if cfg.comm == "period" else ("step", 1))

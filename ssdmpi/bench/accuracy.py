@@ -2,7 +2,7 @@
 
 The table that chose the defaults of ``--local-update``, ``--period-rule`` and ``--comm``
 (docs/ACCURACY.md). Every configuration runs in the reference simulator
-(``ssdmpi/algos/reference.py``: ``N`` workers in one process, pure NumPy, no MPI), so the
+(``ssdmpi/verify/reference.py``: ``N`` workers in one process, pure NumPy, no MPI), so the
 numbers depend only on the algorithm, not on the network or the number of cores.
 
 One configuration = (model, lr, N, variant, k, seed). Each runs ``epochs * steps_per_epoch``
@@ -72,8 +72,8 @@ MODELS = ("mlp", "lenet5")
 VARIANTS = registry.variants()
 # Variants without a delay/period k: one configuration (k = 0) and one column per row.
 NO_DELAY = tuple(v for v, s in VARIANTS.items() if not registry.ALGORITHMS[s["algo"]].takes("delay"))
-BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]].baseline)   # ssgd
-DEFAULT_VARIANTS = ("ssgd", f"period/{registry.DEFAULT_RULE}", "period/delta-own", "step/global-momentum", "localsgd")
+BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]].baseline)
+DEFAULT_VARIANTS = registry.accuracy_defaults()
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
 SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "momentum", "weight_decay",
@@ -96,7 +96,7 @@ def add_arguments(parser) -> None:
                         help="global learning rates, constant (default %(default)s)")
     parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
                         help="momentum mu (default %(default)s, as ssdmpi train)")
-    parser.add_argument("--weight-decay", type=float, default=registry.SETTINGS["weight_decay"].default,
+    parser.add_argument("--weight-decay", type=float, default=registry.default_value("weight_decay"),
                         help="weight decay lambda (default %(default)s, as ssdmpi train)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default %(default)s)")
     parser.add_argument("--epochs", default=DEFAULT_EPOCHS, metavar="E|M=E,...",
@@ -278,9 +278,9 @@ def _simulate_config(cfg: dict, data_path: str | None) -> dict:
     import numpy as np
 
     from ssdmpi.algos import AlgoConfig
-    from ssdmpi.algos.reference import simulate
     from ssdmpi.data import ShardedLoader, load_dataset
     from ssdmpi.nn import build_model
+    from ssdmpi.verify.reference import simulate
 
     ds = load_dataset(cfg["dataset"], data_path)
     x, y = ds.train_x, ds.train_y

@@ -236,7 +236,7 @@ def compute_probe(args, repeats: int) -> dict | None:
     from ssdmpi.data import load_dataset
     from ssdmpi.nn import build_model
     from ssdmpi.nn.loss import softmax_cross_entropy
-    from ssdmpi.optim.sgd import MomentumSGD
+    from ssdmpi.optim.optimizers.sgd import MomentumSGD
     from ssdmpi.verify.torch_ref import torch_available
 
     data = load_dataset("hdf5", str(subset_path(args))) if args.train_subset else load_dataset(args.dataset)
@@ -247,7 +247,8 @@ def compute_probe(args, repeats: int) -> dict | None:
     y = rng.integers(0, data.num_classes, args.batch_size)
     clock = time.perf_counter
     timings = {f"{who}_{what}": [] for who in ("engine", "torch") for what in ("fwd", "bwd", "update")}
-    sgd, velocity = MomentumSGD(0.9, 1e-4, model.flat.decay_mask()), np.zeros_like(model.params)
+    sgd = MomentumSGD(model.flat.decay_mask(), momentum=0.9, weight_decay=1e-4)
+    velocity = sgd.init(model.params)
 
     def engine():
         t0 = clock()
@@ -256,7 +257,7 @@ def compute_probe(args, repeats: int) -> dict | None:
         t1 = clock()
         model.backward(dlogits)
         t2 = clock()
-        sgd.step(model.params, velocity, model.grads, args.lr)
+        sgd.update(model.params, velocity, model.grads, args.lr)
         return t1 - t0, t2 - t1, clock() - t2
 
     steps = [("engine", engine)]

@@ -1,15 +1,19 @@
 """``ssdmpi bench stability``: the largest stable ``eta*h`` of each period rule in a linear model.
 
-The map and the scan are ``ssdmpi/algos/stability.py`` (its docstring states the model and
-the rules). Each rule runs at every ``k`` of ``--delays`` and, for ``delta-merge``, every
-merge delay ``d <= k`` of ``--merge-delays`` with every momentum merge of ``--merge-momentum``
-(``damp``: every factor of ``--damping``).
+The map and the scan are ``ssdmpi/algos/stability.py`` (its docstring states the model); each rule's
+and algorithm's map is its spec's (``registry.linear_maps()``), and ``damp`` is the stability page's own
+model. Each runs at every ``k`` of ``--delays`` and every combination of the values of its settings
+that its map takes (a flag each, named as the training flag, with a list of values: the settings'
+``sweep`` by default); ``damp`` at every factor of ``--damping``. A combination the rule does not
+allow at a ``k`` (a merge delay longer than the period) is left out.
 
-Output: a Markdown table, one row per (rule, d, momentum merge or a), one column per ``k``; each
-cell the threshold. ``--json FILE`` writes every threshold with the scan's range and step.
+Output: a Markdown table, one row per (rule, its settings' values), one column per ``k``; each cell the
+threshold. ``--json FILE`` writes every threshold with the scan's range and step.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
@@ -17,52 +21,62 @@ from ssdmpi.bench.flags import CommaList, add_json, emit_json, parse_choices
 from ssdmpi.errors import UserError
 from ssdmpi.parsing import parse_list
 
-RULES = ("ssgd", "localsgd", "delta-own", "delta-merge", "damp", "replay")   # ssdmpi.algos.stability.RULES
-DEFAULT_RULES = "ssgd,localsgd,delta-own,delta-merge"
+DAMP = "damp"     # the model of the stability page that is no rule (ssdmpi.algos.stability.DAMP)
+
+
+def models() -> dict:
+    """``{name: LinearMap}``: every rule's and algorithm's, and ``damp``."""
+    from ssdmpi.algos.stability import DAMP as damp
+
+    return {**registry.linear_maps(), DAMP: damp}
+
+
+def _swept() -> dict:
+    """``{setting name: Setting}`` of every setting a rule's map takes (each a flag of this command)."""
+    return {s.name: s for name in registry.linear_maps() for s in registry.swept(name)}
 
 
 # --- the command -------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--rules", action=CommaList, default=DEFAULT_RULES, metavar="R1,R2",
-                        help=f"rules, from {', '.join(RULES)} (default %(default)s)")
+    names = [*registry.linear_maps(), DAMP]
+    shown = ",".join(n for n, m in registry.linear_maps().items() if m.default)
+    parser.add_argument("--rules", action=CommaList, default=shown, metavar="R1,R2",
+                        help=f"rules, from {', '.join(names)} (default %(default)s)")
     parser.add_argument("--delays", action=CommaList, default="2,5,10,20", metavar="K1,K2",
                         help="periods k (default %(default)s)")
-    parser.add_argument("--merge-delays", action=CommaList, default="1,2,3,5", metavar="D1,D2",
-                        help="merge delays d of the rule delta-merge, each at every k >= d (default %(default)s)")
-    parser.add_argument("--merge-momentum", action=CommaList, default="0,1", metavar="A1,A2",
-                        help="momentum merges a of the rule delta-merge (--merge-momentum; default %(default)s)")
+    for s in _swept().values():
+        parser.add_argument(f"--{s.flag}", dest=s.name, action=CommaList, default=s.sweep, metavar="V1,V2",
+                            help=f"values of --{s.flag} ({s.help.split(':')[0]}; default %(default)s)")
     parser.add_argument("--damping", action=CommaList, default="0.5", metavar="A1,A2",
-                        help="own-displacement factors a of the rule damp (default %(default)s)")
+                        help="own-displacement factors a of the model damp (default %(default)s)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks N (default %(default)s)")
     parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
                         help="momentum mu (default %(default)s, as ssdmpi train)")
     add_json(parser, "every threshold")
 
 
-def rows(rules, periods, delays, dampings, N: int, mu: float, merges=(0.0,)) -> list[dict]:
-    """One dict per (rule, k, d, a, momentum merge) with its ``threshold``."""
-    from ssdmpi.algos.stability import RULES, threshold  # NumPy: not at import (``ssdmpi --help`` stays fast)
+def rows(rules, periods, values: dict, dampings, N: int, mu: float) -> list[dict]:
+    """One dict per (rule, k, its settings' values) with its ``threshold``; ``values``: the values of each
+    swept setting (``{name: [v1, v2]}``)."""
+    from ssdmpi.algos.stability import threshold  # NumPy: not at import (``ssdmpi --help`` stays fast)
 
-    out = []
+    maps, out = models(), []
     for rule in rules:
-        spec = RULES[rule]
-        for k in (periods if spec.period else [1]):
-            if spec.merge_delay == "own":
-                params = [(d, None, m if spec.merge_momentum else None) for d in delays if d <= k
-                          for m in (merges if spec.merge_momentum else [None])]
-            elif spec.damping:
-                params = [(None, a, None) for a in dampings]
-            else:
-                params = [(None, None, None)]
-            for d, a, m in params:
-                value = threshold(rule, k, d, N, mu, 0.5 if a is None else a, merge_momentum=m or 0.0)
-                label = (rule + (f", d = {d}" if d is not None else "") + (f", a = {a}" if a is not None else "")
-                         + (f", momentum merge {m:g}" if m is not None else ""))
-                out.append({"rule": rule, "label": label, "k": k if spec.period else "",
-                            "d": {"own": d, "k": k}.get(spec.merge_delay, ""),
-                            "a": "" if a is None else a, "merge_momentum": "" if m is None else m,
-                            "N": N, "mu": mu, "threshold": round(value, 4)})
+        linear = maps[rule]
+        names = [s.name for s in registry.swept(rule)] if rule != DAMP else ["damping"]
+        grid = list(itertools.product(*(values[n] if rule != DAMP else dampings for n in names)))
+        for k in (periods if linear.period else [1]):
+            for combo in grid:
+                own = dict(zip(names, combo))
+                try:
+                    value = threshold(linear, k, N, mu, **own)
+                except ValueError:          # not allowed at this k (a merge delay longer than the period)
+                    continue
+                label = ", ".join([rule] + [f"{registry.SETTINGS[n].flag if n in registry.SETTINGS else n} {v:g}"
+                                            for n, v in own.items()])
+                out.append({"rule": rule, "label": label, "k": k if linear.period else "", **own, "N": N, "mu": mu,
+                            "threshold": round(value, 4)})
     return out
 
 
@@ -81,18 +95,18 @@ def table(results: list[dict], periods) -> str:
 
 
 def run(args) -> int:
-    rules = parse_choices(args.rules, "--rules", RULES)
+    rules = parse_choices(args.rules, "--rules", list(models()))
     periods = parse_list(args.delays, "--delays", int, minimum=1)
-    delays = parse_list(args.merge_delays, "--merge-delays", int, minimum=1)
+    values = {}
+    for name, s in _swept().items():
+        values[name] = parse_list(getattr(args, name), f"--{s.flag}", s.type)
+        for v in values[name]:
+            s.validate(v)                  # the training flag's own check
     dampings = parse_list(args.damping, "--damping", float, minimum=0)
-    merges = parse_list(args.merge_momentum, "--merge-momentum", float)
-    for m in merges:
-        registry.SETTINGS["merge_momentum"].validate(m)          # the training flag's own check: [0, 1]
     if args.ranks < 2:
         raise UserError(f"--ranks must be >= 2 (a spread needs two ranks), got {args.ranks}")
-    if not 0 <= args.momentum < 1:
-        raise UserError(f"--momentum must be in [0, 1), got {args.momentum}")
-    results = rows(rules, periods, delays, dampings, args.ranks, args.momentum, merges)
+    registry.SETTINGS["momentum"].validate(args.momentum)
+    results = rows(rules, periods, values, dampings, args.ranks, args.momentum)
     from ssdmpi.algos.stability import STEP, X_MAX, X_MIN
 
     if args.json:

@@ -10,7 +10,7 @@ resolves them with ssdmpi's own configuration code, so that, flag for flag, it t
   weights copied into the PyTorch twin (``ssdmpi/verify/torch_ref.py``);
 - on the same data in the same order: ssdmpi's ``ShardedLoader`` with the same rank, world
   size and seed gives every rank the samples its ``ssdmpi train`` rank gets, step by step;
-- with the same update: ALGORITHM.md section 3 (``ssdmpi/optim/sgd.py``), ``M <- mu*M -
+- with the same update: ALGORITHM.md section 3 (``ssdmpi/optim/optimizers/sgd.py``), ``M <- mu*M -
   eta(t)*(lam*mask*W + G); W <- W + M``, weight decay on the engine's decayed tensors only,
   ``eta`` from the resolved learning-rate schedule at every step (``SpecSGD``: in as many
   passes over the weights as ``torch.optim.SGD`` makes, so it costs what users' DDP costs;

@@ -192,7 +192,8 @@ def _rule_tags() -> str:
 
 def _tagged(spec, part: str) -> str:
     """The setting of ``spec`` whose ``bench_tag`` prefixes ``part`` (``d2``: ``d{}``)."""
-    for key in spec.settings:
+    for setting in spec.settings:
+        key = setting.name
         prefix = (registry.SETTINGS[key].bench_tag or "{").split("{")[0]
         if prefix and key not in spec.bench and part.startswith(prefix):
             return key

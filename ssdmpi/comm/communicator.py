@@ -106,6 +106,12 @@ class Communicator:
         """Blocking, in place: every rank gets ``root``'s ``buf``; returns ``buf``."""
         return self.grads.broadcast(buf, root)
 
+    @property
+    def moved_by_caller(self) -> bool:
+        """A request in flight moves only inside this thread's MPI calls (``--progress test``, ``poll``):
+        whoever computes while one is in flight should call ``progress()`` every so often."""
+        return self.grads.moved_by_caller
+
     def progress(self) -> None:
         """Move outstanding requests along (``test`` and ``poll``; a no-op otherwise). Cheap."""
         self.grads.progress()

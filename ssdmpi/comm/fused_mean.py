@@ -8,7 +8,7 @@ element and its division happen on the same cache-resident piece:
 1. **Reduce-scatter.** ``N`` a power of two: recursive halving, partner ``rank ^ mask`` for
    ``mask = 1, 2, 4, ...`` (the rank whose ``mask`` bit is clear keeps the lower half), so every
    element is summed as the pairwise tree ``((x0 + x1) + (x2 + x3)) + ...``, the order of the
-   reference simulator (``ssdmpi/algos/reference.py``). Any other ``N``: a ring (step ``s``: send
+   reference simulator (``ssdmpi/verify/reference.py``). Any other ``N``: a ring (step ``s``: send
    block ``rank - s`` to ``rank + 1``, receive block ``rank - s - 1`` from ``rank - 1``), after which
    ``rank`` owns block ``rank + 1``. Each exchange is one ``Sendrecv`` per piece of at most
    ``PIECE_BYTES``, received into a small scratch buffer and added into place while both are in

@@ -112,6 +112,7 @@ class GradientChannel:
 
     name = ""                       # the strategy's ``--progress`` name
     needs_thread_multiple = False   # the strategy runs MPI calls on a helper thread
+    moved_by_caller = False         # a request in flight moves only inside the caller's MPI calls
 
     def __init__(self, comm, transport, ops, stats, bucket_bytes: int | None = None):
         self._MPI = load_mpi()

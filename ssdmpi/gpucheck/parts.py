@@ -80,13 +80,13 @@ def optimizer_cases(xp, n: int = 300_001, dtype=np.float32):
     W, M, G, L, P, S, D = (b[k] for k in "WMGLPSD")
     return b, {
         "momentum-sgd (global)": lambda: fused.momentum_sgd(one, W, M, G, lr, mu),
-        "global-momentum (local)": lambda: fused.global_momentum_local(one, L, G, M, lr, mu),
+        "momentum-sgd (read only)": lambda: fused.momentum_sgd_read_only(one, L, G, M, lr, mu),
         "sgd (local)": lambda: fused.plain_local_sgd(one, L, G, lr, N),
         "glu-paper (local)": lambda: fused.glu_paper(glu, L, G, P, lr * lam, C, N, -(lr * 0.5), False),
         "glu-paper (local, snapshot)": lambda: fused.glu_paper(glu, L, G, P, lr * lam, C, N, -(lr * 0.5), True),
-        "delta-own step": lambda: fused.delta_own_step(own, M, L, G, lr * lam, mu, lr),
-        "delta-own boundary": lambda: fused.delta_own_boundary(own, W, L, S, D, True),
-        "delta-merge merge": lambda: fused.merge_restart(own, W, L, S),
+        "momentum-sgd (expanded)": lambda: fused.momentum_sgd_expanded(own, M, L, G, lr * lam, mu, lr),
+        "post displacement": lambda: fused.post_displacement(own, W, L, S, D, True),
+        "rebase": lambda: fused.rebase(own, W, L, S),
     }
 
 
@@ -190,7 +190,8 @@ def training(log: PartLog, cupy, work: str, steps: int = 300) -> None:
 
     os.makedirs(work, exist_ok=True)
     results = {}
-    for algo in ("ssgd", "ssd"):
+    baseline, default = registry.BASELINE, registry.DEFAULT_ALGORITHM
+    for algo in (baseline, default):
         run_dir = os.path.join(work, algo)
         cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "ssdmpi", "train", "--device", "gpu", "--algo", algo,
                "--steps", str(steps), "--log-every", "50", "--warmup-steps", "50", "--run-dir", run_dir]
@@ -213,12 +214,12 @@ def training(log: PartLog, cupy, work: str, steps: int = 300) -> None:
                   goal="exit 0, last loss < 1.5, test acc >= 0.8", detail=f"exit {rc}; {' '.join(cmd)}")
         if registry.ALGORITHMS[algo].delay_stage and last is not None:
             breakdown = {k: last.get(k) for k in ("step_s", "compute_s", "inflight_s", "wait_s", "overlap")}
-            log.note("ssd per-step breakdown (last interval, means over ranks): "
+            log.note(f"{algo} per-step breakdown (last interval, means over ranks): "
                      + ", ".join(f"{k} {v:.4g}" for k, v in breakdown.items() if isinstance(v, (int, float))))
-            log.check("train ssd: per-step breakdown recorded", all(v is not None for v in breakdown.values()),
+            log.check(f"train {algo}: per-step breakdown recorded", all(v is not None for v in breakdown.values()),
                       value=breakdown)
     if all(r["samples_per_s"] for r in results.values()):
-        log.note(f"samples/s: ssgd {results['ssgd']['samples_per_s']:.0f}, ssd {results['ssd']['samples_per_s']:.0f}")
+        log.note("samples/s: " + ", ".join(f"{algo} {r['samples_per_s']:.0f}" for algo, r in results.items()))
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,7 @@
 
 - ``algorithms``: every algorithm on CuPy buffers through the Communicator (the GPU default
   progress, ``thread``, and ``test`` for ssd) against the NumPy reference simulator
-  (``ssdmpi/algos/reference.py``), step by step, float64 (relative 1e-9: cuBLAS and NumPy's
+  (``ssdmpi/verify/reference.py``), step by step, float64 (relative 1e-9: cuBLAS and NumPy's
   BLAS round differently) and one float32 case (1e-4); ``W`` must hash the same on both ranks.
 - ``overlap``: an allreduce in flight while the GPU computes: the fraction of the allreduce
   hidden behind the compute (goal >= 95%), and the Communicator's own overlap statistic.
@@ -54,9 +54,9 @@ def compare_one(comm, cupy, settings: dict, dtype, progress: str, transport: str
     """Run ``settings`` on CuPy next to the reference, over the ranks of ``comm`` (an mpi4py
     communicator, None: all); ``(worst relative difference, replicas equal)``."""
     from ssdmpi.algos import AlgoConfig, build_algorithm
-    from ssdmpi.algos.reference import Simulation
     from ssdmpi.comm.communicator import Communicator
     from ssdmpi.data import ShardedLoader as Loader
+    from ssdmpi.verify.reference import Simulation
 
     worst, same = 0.0, True
     with Communicator(comm, progress=progress, transport=transport) as c:
@@ -86,11 +86,13 @@ def compare_one(comm, cupy, settings: dict, dtype, progress: str, transport: str
 def compare_asgd(comm, cupy, transport: str) -> float:
     """asgd, round-robin order (deterministic), one server and one worker, against its reference."""
     from ssdmpi.algos import AlgoConfig, build_algorithm
-    from ssdmpi.algos.reference import ASGDSimulation
     from ssdmpi.comm.communicator import Communicator
     from ssdmpi.data import ShardedLoader as Loader
+    from ssdmpi.verify.reference import ASGDSimulation
 
-    cfg = AlgoConfig(algo="asgd", servers=1, asgd_order="round-robin", warmup_steps=3, lr=0.05)
+    # the variant of the algorithm with parameter servers, in its deterministic order (the registry's)
+    servers = next(v for v in registry.variants().values() if registry.ALGORITHMS[v["algo"]].takes("servers"))
+    cfg = AlgoConfig(**servers, warmup_steps=3, lr=0.05)
     x, y = dataset(np.float64)
     worst = 0.0
     with Communicator(comm, transport=transport) as c:
@@ -117,8 +119,8 @@ def algorithms(log: PartLog | None, comm, cupy, transport: str) -> None:
 
 def _algorithms(log: PartLog | None, comm, cupy, transport: str, verdicts) -> None:
     cases = [(s, np.float64, "thread") for s in CONFIGS]
-    cases += [(dict(algo="ssd", comm="step", delay=2), np.float64, "test"),
-              (dict(algo="ssd", comm="step", delay=2), np.float32, "thread")]
+    step = {**registry.variants()["step/global-momentum"], "delay": 2}    # --comm step, the default local update
+    cases += [(step, np.float64, "test"), (step, np.float32, "thread")]
     for settings, dtype, progress in cases:
         name = " ".join(f"{k}={v}" for k, v in settings.items()) + f" {np.dtype(dtype).name} --progress {progress}"
         tol = 1e-9 if dtype == np.float64 else 1e-4

@@ -1,6 +1,7 @@
 """Optimizers on flat buffers (ALGORITHM.md sections 3 and 4) and learning-rate schedules.
 
-- ``MomentumSGD``: the global update ``M <- mu*M - eta*(lam*mask*W + G); W <- W + M``.
+- ``part``: the inner optimizer as a part (``Optimizer``: ``init`` a state on flat buffers, a fused
+  ``update``); one file per ``--optimizer`` in ``optimizers/`` (``sgd.py``: ``MomentumSGD``), found by the registry.
 - ``GlobalMomentumLocal``, ``GLUPaper``, ``PlainLocalSGD``: the local updates
   ``global-momentum``, ``glu-paper``, ``sgd``; ``make_local_update(name, ...)``.
 - ``fused``: each update as one pass over the buffers (NumPy in cache-sized blocks, or one
@@ -9,9 +10,10 @@
 """
 
 from ssdmpi.optim.local import LOCAL_UPDATES, GlobalMomentumLocal, GLUPaper, PlainLocalSGD, make_local_update
+from ssdmpi.optim.optimizers.sgd import MomentumSGD
+from ssdmpi.optim.part import Optimizer, OptState
 from ssdmpi.optim.schedules import KINDS as SCHEDULES
 from ssdmpi.optim.schedules import LRSchedule
-from ssdmpi.optim.sgd import MomentumSGD
 
-__all__ = ["MomentumSGD", "GlobalMomentumLocal", "GLUPaper", "PlainLocalSGD", "make_local_update",
-           "LOCAL_UPDATES", "LRSchedule", "SCHEDULES"]
+__all__ = ["Optimizer", "OptState", "MomentumSGD", "GlobalMomentumLocal", "GLUPaper", "PlainLocalSGD",
+           "make_local_update", "LOCAL_UPDATES", "LRSchedule", "SCHEDULES"]

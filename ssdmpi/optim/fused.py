@@ -46,7 +46,7 @@ KERNELS = {
     "ssdmpi_momentum_sgd": (
         "T decay, T lr, T mu, T n", "T W, T M, T G",
         "T g = G / n; G = g; T t = W * decay; t = t + g; t = t * lr; T m = M * mu; m = m - t; M = m; W = W + m;"),
-    "ssdmpi_global_momentum_local": (
+    "ssdmpi_momentum_sgd_read_only": (
         "T g, T M, T decay, T lr, T mu", "T L",
         "T a = L * decay; a = a + g; a = a * lr; T b = M * mu; T l = L + b; L = l - a;"),
     "ssdmpi_plain_local_sgd": (
@@ -57,7 +57,7 @@ KERNELS = {
         "T a = mask * lrlam; a = (T)1 - a; T b = a * P; b = b - L; b = b / c; b = b * (T)0.5; "
         "a = g / n; a = a * (T)2; T e = L * decay; a = a + e; a = a + b; a = a * neg; "
         "if (snap) P = L; L = L + a;"),
-    "ssdmpi_delta_own_step": (
+    "ssdmpi_momentum_sgd_expanded": (
         "T g, T mask, T c, T mu, T eta", "T U, T L",
         "T t = L * mask; t = t * c; T u = U * mu; u = u - t; t = g * eta; u = u - t; U = u; L = L + u;"),
     "ssdmpi_add_divided": (
@@ -66,10 +66,10 @@ KERNELS = {
     "ssdmpi_divide_copy": (
         "T n", "T L, T W",
         "T l = L / n; L = l; W = l;"),
-    "ssdmpi_delta_own_boundary": (
+    "ssdmpi_post_displacement": (
         "T W, int32 changed", "T L, T S, T D",
         "T d = L - S; D = d; if (changed) L = W + d; S = L;"),
-    "ssdmpi_merge_restart": (
+    "ssdmpi_rebase": (
         "T W", "T L, T S",
         "T d = L - S; L = W + d; S = W;"),
 }
@@ -168,11 +168,12 @@ def momentum_sgd(plan: Plan, W, M, G, lr: float, mu: float, n=None) -> None:
         add(w, m, w)
 
 
-def global_momentum_local(plan: Plan, L, g, M, lr: float, mu: float) -> None:
-    """``a = (L*decay + g)*lr; L = (L + M*mu) - a`` (``decay = plan.consts[0]``; ``M`` read only)."""
+def momentum_sgd_read_only(plan: Plan, L, g, M, lr: float, mu: float) -> None:
+    """Momentum SGD's step with the velocity ``M`` read, not advanced (the global-momentum local update):
+    ``a = (L*decay + g)*lr; L = (L + M*mu) - a`` (``decay = plan.consts[0]``)."""
     plan.check(L, g, M)
     if plan.device:
-        plan.kernel("ssdmpi_global_momentum_local")(g, M, plan.consts[0], *plan.scalars(lr, mu), L)
+        plan.kernel("ssdmpi_momentum_sgd_read_only")(g, M, plan.consts[0], *plan.scalars(lr, mu), L)
         return
     mul, add, sub = np.multiply, np.add, np.subtract
     for sl, (d,), (a, b, *_) in plan.walk():
@@ -232,11 +233,12 @@ def glu_paper(plan: Plan, L, g, P, lrlam: float, c: float, n: int, neg: float, s
         add(x, a, x)
 
 
-def delta_own_step(plan: Plan, U, L, g, c: float, mu: float, eta: float) -> None:
-    """``U = ((U*mu) - (L*mask)*c) - g*eta; L = L + U`` (``mask = plan.consts[0]``, ``c = eta*lam``)."""
+def momentum_sgd_expanded(plan: Plan, U, L, g, c: float, mu: float, eta: float) -> None:
+    """Momentum SGD in the expanded operation order of the per-rank steps (docs/PERIOD_RULE.md 3):
+    ``U = ((U*mu) - (L*mask)*c) - g*eta; L = L + U`` (``mask = plan.consts[0]``, ``c = eta*lam``)."""
     plan.check(U, L, g)
     if plan.device:
-        plan.kernel("ssdmpi_delta_own_step")(g, plan.consts[0], *plan.scalars(c, mu, eta), U, L)
+        plan.kernel("ssdmpi_momentum_sgd_expanded")(g, plan.consts[0], *plan.scalars(c, mu, eta), U, L)
         return
     mul, add, sub = np.multiply, np.add, np.subtract
     for sl, (mk,), (t, *_) in plan.walk():
@@ -274,11 +276,11 @@ def divide_copy(plan: Plan, L, W, n: int) -> None:
         W[sl] = x
 
 
-def delta_own_boundary(plan: Plan, W, L, S, D, changed: bool) -> None:
-    """The period end of ``delta-own``: ``D = L - S; if changed: L = W + D; S = L``."""
+def post_displacement(plan: Plan, W, L, S, D, changed: bool) -> None:
+    """A displacement taken to be posted: ``D = L - S; if changed: L = W + D; S = L``."""
     plan.check(W, L, S, D)
     if plan.device:
-        plan.kernel("ssdmpi_delta_own_boundary")(W, np.int32(changed), L, S, D)
+        plan.kernel("ssdmpi_post_displacement")(W, np.int32(changed), L, S, D)
         return
     for sl, _, _ in plan.walk():
         x, d = L[sl], D[sl]
@@ -288,11 +290,11 @@ def delta_own_boundary(plan: Plan, W, L, S, D, changed: bool) -> None:
         S[sl] = x
 
 
-def merge_restart(plan: Plan, W, L, S) -> None:
-    """The merge of ``delta-merge`` (after ``W`` got the merged mean): ``L = W + (L - S); S = W``."""
+def rebase(plan: Plan, W, L, S) -> None:
+    """This rank's progress since ``S`` moved onto ``W``: ``L = W + (L - S); S = W``."""
     plan.check(W, L, S)
     if plan.device:
-        plan.kernel("ssdmpi_merge_restart")(W, L, S)
+        plan.kernel("ssdmpi_rebase")(W, L, S)
         return
     for sl, _, _ in plan.walk():
         x, w = L[sl], W[sl]

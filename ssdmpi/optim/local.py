@@ -11,7 +11,7 @@ buffers are 1-D and contiguous, and ``step`` allocates nothing.
 
 | ``--local-update`` | rule |
 |---|---|
-| ``global-momentum`` (default, 4b) | ``L <- (L + mu*M) - eta_g*(lam*mask*L + g)`` with the replicated global momentum ``M`` |
+| ``global-momentum`` (default, 4b) | the inner optimizer's step with the replicated global state ``M`` read, not advanced (momentum SGD: ``L <- (L + mu*M) - eta_g*(lam*mask*L + g)``) |
 | ``glu-paper`` (4a) | the published GLU, see ``GLUPaper`` |
 | ``sgd`` (4c) | ``L <- L - eta_l*(gbar + lam*mask*L)``, ``gbar = g/N`` |
 
@@ -20,7 +20,7 @@ buffers are 1-D and contiguous, and ``step`` allocates nothing.
 
 from __future__ import annotations
 
-from ssdmpi.optim.sgd import array_module
+from ssdmpi.optim.part import array_module
 
 
 class LocalUpdate:
@@ -38,6 +38,14 @@ class LocalUpdate:
         self._fused = fused
         self._plan = fused.Plan(tuple(arrays[c] for c in consts), scratch)
 
+    @property
+    def poll(self):
+        return self._plan.poll
+
+    @poll.setter
+    def poll(self, hook) -> None:
+        self._plan.poll = hook
+
     def begin(self, L) -> None:
         pass
 
@@ -48,23 +56,34 @@ class LocalUpdate:
         pass
 
 
-class GlobalMomentumLocal(LocalUpdate):
-    """ALGORITHM.md 4b: ``L <- (L + mu*M) - eta_g*(lam*mask*L + g)``.
+class GlobalMomentumLocal:
+    """ALGORITHM.md 4b: the inner optimizer's step with the global state ``M`` read, never written
+    (``Optimizer.update_read_only``; momentum SGD: ``L <- (L + mu*M) - eta_g*(lam*mask*L + g)``).
 
-    ``M`` is the global momentum buffer (identical on all ranks), read, never written;
-    the object keeps a reference, so ``M`` must be updated in place. ``lr`` is ``eta_g``.
+    ``M`` (an ``OptState``) is identical on all ranks; the object keeps a reference, so ``M`` must be
+    updated in place. ``lr`` is ``eta_g``. The optimizer's own ``poll`` is the progress hook.
     """
 
     name = "global-momentum"
     uses_local_lr = False
+    poll = None
 
-    def __init__(self, M, momentum: float, weight_decay: float, decay_mask):
-        super().__init__(weight_decay, decay_mask)
-        self.M, self.mu = M, float(momentum)
+    def __init__(self, optimizer, global_state):
+        self.optimizer, self.M = optimizer, global_state
+
+    def begin(self, L) -> None:
+        pass
 
     def step(self, L, g, m: int, lr: float) -> None:
-        """Per element: ``a = L*decay; a = a + g; a = a*lr; L = L + M*mu; L = L - a`` (``a`` from the old ``L``)."""
-        self._fused.global_momentum_local(self._plan, L, g, self.M, lr, self.mu)
+        """One fused pass (momentum SGD, per element: ``a = L*decay; a = a + g; a = a*lr; L = L + M*mu;
+        L = L - a``, ``a`` from the old ``L``)."""
+        self.optimizer.update_read_only(L, self.M, g, lr)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
 
 
 class GLUPaper(LocalUpdate):
@@ -124,11 +143,12 @@ class PlainLocalSGD(LocalUpdate):
         self._fused.plain_local_sgd(self._plan, L, g, lr, self.N)
 
 
-def make_local_update(name: str, *, M, world_size: int, delay: int, momentum: float, weight_decay: float,
+def make_local_update(name: str, *, optimizer, global_state, world_size: int, delay: int, weight_decay: float,
                       glu_divisor: float, decay_mask):
-    """The local update called ``name`` (one of ``LOCAL_UPDATES``)."""
+    """The local update called ``name`` (one of ``LOCAL_UPDATES``): ``global-momentum`` follows the inner
+    ``optimizer``'s global state; ``glu-paper`` and ``sgd`` are plain SGD formulas of their own."""
     if name == "global-momentum":
-        return GlobalMomentumLocal(M, momentum, weight_decay, decay_mask)
+        return GlobalMomentumLocal(optimizer, global_state)
     if name == "glu-paper":
         return GLUPaper(world_size, delay, glu_divisor, weight_decay, decay_mask)
     if name == "sgd":

@@ -21,10 +21,13 @@ over the steps after the warm-up and need ``total_steps``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 from ssdmpi.errors import UserError
+from ssdmpi.spec import OPTIMIZER, Setting
+from ssdmpi.validate import number
 
 KINDS = ("constant", "step", "multistep", "cosine", "poly")
 
@@ -161,3 +164,17 @@ def schedule_in_steps(spec: str, steps_per_epoch: int, flag: str = "lr-schedule"
     elif kind == "poly":
         out["power"] = options["power"]
     return out
+
+
+def check_schedule(flag: str, value) -> None:
+    """A setting's check: ``value`` is a schedule string (``parse_schedule``'s one-line error otherwise)."""
+    parse_schedule(value, flag)
+
+
+# The learning rate's settings (every algorithm has them): the global lr, its schedule, its linear warm-up.
+LR = Setting("lr", 0.1, "global learning rate", float, functools.partial(number, low=0.0, strict=True),
+             group=OPTIMIZER)
+LR_SCHEDULE = Setting("lr_schedule", "constant", "constant | step:EVERY[:GAMMA] | multistep:E1,E2[:GAMMA] | cosine "
+                      "| poly[:POWER] (epochs)", check=check_schedule, metavar="SPEC", group=OPTIMIZER)
+LR_WARMUP_EPOCHS = Setting("lr_warmup_epochs", 0.0, "epochs of linear warm-up of the global lr", float,
+                           functools.partial(number, low=0.0), metavar="E", group=OPTIMIZER)

@@ -31,7 +31,7 @@ def unfused_momentum_sgd(W, M, G, decay, lr, mu, tmp):
     W += M
 
 
-def unfused_global_momentum_local(L, g, M, decay, lr, mu, a, b):
+def unfused_momentum_sgd_read_only(L, g, M, decay, lr, mu, a, b):
     np.multiply(L, decay, out=a)
     a += g
     a *= lr
@@ -66,7 +66,7 @@ def unfused_glu_paper(L, g, P, mask, decay, lr, lam, C, n, f, snap, a, b, c):
     L += a
 
 
-def unfused_delta_own_step(U, L, g, mask, eta, lam, mu, tmp):
+def unfused_momentum_sgd_expanded(U, L, g, mask, eta, lam, mu, tmp):
     np.multiply(L, mask, out=tmp)
     tmp *= eta * lam
     U *= mu
@@ -76,14 +76,14 @@ def unfused_delta_own_step(U, L, g, mask, eta, lam, mu, tmp):
     L += U
 
 
-def unfused_delta_own_boundary(W, L, S, D, changed):
+def unfused_post_displacement(W, L, S, D, changed):
     np.subtract(L, S, out=D)
     if changed:
         np.add(W, D, out=L)
     S[...] = L
 
 
-def unfused_merge_restart(W, L, S, tmp):
+def unfused_rebase(W, L, S, tmp):
     np.subtract(L, S, out=tmp)
     np.add(W, tmp, out=L)
     S[...] = W
@@ -111,16 +111,16 @@ def cases(mask, block_bytes=fused.BLOCK_BYTES, seed=0):
     return {
         "momentum-sgd (global)": (lambda: unfused_momentum_sgd(W, M, G, decay, lr, mu, big[0]),
                                   lambda: fused.momentum_sgd(one, W, M, G, lr, mu)),
-        "global-momentum (local)": (lambda: unfused_global_momentum_local(L, G, M, decay, lr, mu, *big[:2]),
-                                    lambda: fused.global_momentum_local(one, L, G, M, lr, mu)),
+        "momentum-sgd (read only)": (lambda: unfused_momentum_sgd_read_only(L, G, M, decay, lr, mu, *big[:2]),
+                                    lambda: fused.momentum_sgd_read_only(one, L, G, M, lr, mu)),
         "sgd (local)": (lambda: unfused_plain_local_sgd(L, G, decay, lr, N, *big[:2]),
                         lambda: fused.plain_local_sgd(one, L, G, lr, N)),
         "glu-paper (local, m%k!=0)": (lambda: unfused_glu_paper(L, G, P, mask, decay, lr, lam, C, N, 0.5, False, *big),
                                       lambda: fused.glu_paper(glu, L, G, P, lr * lam, C, N, -(lr * 0.5), False)),
-        "delta-own step": (lambda: unfused_delta_own_step(M, L, G, mask, lr, lam, mu, big[0]),
-                           lambda: fused.delta_own_step(own, M, L, G, lr * lam, mu, lr)),
-        "delta-own boundary": (lambda: unfused_delta_own_boundary(W, L, S, D, True),
-                               lambda: fused.delta_own_boundary(own, W, L, S, D, True)),
+        "momentum-sgd (expanded)": (lambda: unfused_momentum_sgd_expanded(M, L, G, mask, lr, lam, mu, big[0]),
+                           lambda: fused.momentum_sgd_expanded(own, M, L, G, lr * lam, mu, lr)),
+        "post displacement": (lambda: unfused_post_displacement(W, L, S, D, True),
+                               lambda: fused.post_displacement(own, W, L, S, D, True)),
     }
 
 

@@ -19,11 +19,11 @@ import pytest
 from mpi4py import MPI
 
 from ssdmpi.algos import AlgoConfig, build_algorithm
-from ssdmpi.algos.reference import Simulation
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.errors import UserError
 from ssdmpi.nn import MODELS, build_model
+from ssdmpi.verify.reference import Simulation
 
 B = 4                 # per-rank batch
 FEATURES, CLASSES = 10, 3
@@ -354,6 +354,7 @@ def test_a_merge_with_nothing_to_add_leaves_the_momentum_alone(communicator):
         algo.load_state_dict(dict(state))
         for xb, yb in batches:                  # m = 4 (the merge iteration, nothing to add), 5 (a post), 6
             algo.step(xb, yb)
-        runs.append((algo.global_weights().copy(), algo.local_weights().copy(), algo.rule.U.copy()))
+        runs.append((algo.global_weights().copy(), algo.local_weights().copy(),
+                     *(u.copy() for u in algo.rule.U.buffers())))
     same = all(np.array_equal(p, q) for p, q in zip(*runs))
     assert all_ranks_ok(MPI.COMM_WORLD, same), "the momentum merge changed a merge that had nothing to add"

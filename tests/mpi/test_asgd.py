@@ -17,12 +17,12 @@ from mpi4py import MPI
 
 from ssdmpi.algos import AlgoConfig, build_algorithm
 from ssdmpi.algos.asgd import ASGD
-from ssdmpi.algos.reference import ASGDSimulation, Simulation
 from ssdmpi.cli import main
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.errors import REQUEUE_EXIT
 from ssdmpi.phases import BREAKDOWN
+from ssdmpi.verify.reference import ASGDSimulation, Simulation
 from tests.mpi.test_algos import B, dataset, tiny_mlp
 from tests.mpi.test_resume import COMMON, newest_checkpoint, shared_tmpdir, stop_and_resume_differences
 from tests.mpi.test_train import records

@@ -27,7 +27,7 @@ from tests.mpi.test_resume import all_ranks, newest_checkpoint, shared_tmpdir
 SETTINGS = [dict(algo="ssd", comm="period", period_rule="delta-merge"),
             dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2)]
 MERGE_MOMENTUM = registry.SETTINGS["merge_momentum"].default     # the runs below keep the default
-STABLE = stable_region(0.9, "delta-merge", MERGE_MOMENTUM)
+STABLE = stable_region(registry.RULES["delta-merge"].linear_map, 0.9, "merge_delay", {"merge_momentum": MERGE_MOMENTUM})
 WARMUP = 8
 # the meter's own method: inject() wraps it, never an earlier inject()'s wrapper (a second inject
 # must change what the meter sees, or a resumed run that measured again would go unseen)
@@ -70,7 +70,7 @@ def trajectory(cfg, comm, steps_after_switch):
 def auto_equals_fixed(cfg, comm):
     """Run auto, then the fixed (k, d) it chose: every step's W and L bitwise equal; return (k, auto)."""
     auto, got = trajectory(AlgoConfig(delay="auto", warmup_steps=WARMUP, lr=0.05, **cfg), comm, lambda k: 4 * k + 2)
-    k, d = auto.k, auto.d
+    k, d = auto.k, auto.rule_settings["merge_delay"]      # what the rule was built with
     assert all_ranks((k, d)) == [(k, d)] * comm.size, "ranks chose different (k, d)"
     assert (auto.delay_choice.k, auto.delay_choice.d) == (k, d) and auto.delay_choice.step == WARMUP
     assert d == cfg.get("merge_delay", d) and 1 <= d <= k and STABLE(k, d)
@@ -97,7 +97,7 @@ def test_noisy_ranks_agree_on_one_k_and_auto_equals_that_fixed_k(communicator, c
     summary = auto._meter.summary()
     own = all_ranks(choose_period(summary["c"], summary["T"], summary["u"], stable=STABLE,
                                   d=cfg.get("merge_delay"))[1])
-    assert auto.d == min(own) and auto.d in ((4, 5) if "merge_delay" not in cfg else (2,))
+    assert auto.delay_choice.d == min(own) and auto.delay_choice.d in ((4, 5) if "merge_delay" not in cfg else (2,))
     if communicator.size == 4 and "merge_delay" not in cfg:
         assert len(set(own)) > 1, f"the ranks' own medians should disagree here: {own}"
 

@@ -55,9 +55,9 @@ def test_logged_lr_is_the_lr_the_algorithm_steps_with(communicator, monkeypatch,
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(algo.global_sgd, "step", spy(lambda a: "W" if a[0] is algo.W else "L",
-                                                     algo.global_sgd.step, 3))
-    monkeypatch.setattr(fused, "delta_own_step", spy(lambda a: "L", fused.delta_own_step, 6))
+    monkeypatch.setattr(algo.optimizer, "update", spy(lambda a: "W" if a[0] is algo.W else "L",
+                                                      algo.optimizer.update, 3))
+    monkeypatch.setattr(fused, "momentum_sgd_expanded", spy(lambda a: "L", fused.momentum_sgd_expanded, 6))
     loader = ShardedLoader(x, y, 4, rank, N, seed=2)
     counters_differ = False
     for t in range(20):

@@ -23,9 +23,9 @@ ARGS = ["--dataset", "digits", "--model", "mlp", "--widths", "16", "--batch-size
 @pytest.mark.timeout(300)
 def test_round_robin_three_ranks_ends_on_the_reference_bitwise(tmp_path):
     from ssdmpi.algos import AlgoConfig
-    from ssdmpi.algos.reference import ASGDSimulation
     from ssdmpi.data import ShardedLoader, load_dataset
     from ssdmpi.nn import build_model
+    from ssdmpi.verify.reference import ASGDSimulation
 
     steps, warmup = 30, 5
     run = str(tmp_path / "run")

@@ -5,10 +5,10 @@ import pytest
 
 from ssdmpi.algos import AlgoConfig
 from ssdmpi.algos.asgd import pairwise_sum, shard
-from ssdmpi.algos.reference import ASGDSimulation, Simulation, simulate
 from ssdmpi.data import ShardedLoader
 from ssdmpi.errors import UserError
 from ssdmpi.nn import build_model
+from ssdmpi.verify.reference import ASGDSimulation, Simulation, simulate
 
 FEATURES, CLASSES, B = 6, 3, 4
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from ssdmpi.algos import AlgoConfig, auto_delay
+from ssdmpi.algos import AlgoConfig, auto_delay, registry, stability
 from ssdmpi.algos.auto_delay import (
     DELAY_RANGE,
     MIN_WARMUP_STEPS,
@@ -26,6 +26,16 @@ from ssdmpi.algos.auto_delay import (
 from ssdmpi.errors import UserError
 
 RULE = "delta-merge"     # the period rule whose merge delay --delay auto chooses
+MAP = registry.RULES[RULE].linear_map
+
+
+def region(mu, merge_momentum=0.0):
+    """delta-merge's stable region at momentum ``mu`` (``--merge-delay`` chosen, the momentum merge fixed)."""
+    return stable_region(MAP, mu, "merge_delay", {"merge_momentum": merge_momentum})
+
+
+def map_threshold(k, d, mu=0.9, merge_momentum=0.0):
+    return stability.threshold(MAP, k, mu=mu, merge_delay=d, merge_momentum=merge_momentum)
 
 # --- choose_period: hide (d), amortise (k), stable (k, d) ----------------------------------
 
@@ -144,20 +154,19 @@ def test_an_unstable_pair_is_passed_over_for_a_longer_period_then_a_shorter_merg
 def test_the_stable_region_is_the_maps_at_half_of_momentum_sgds_limit():
     """``stable_region(mu)`` against ``ssdmpi.algos.stability.threshold`` (scanned independently, finer):
     the default (k, d) = (5, 1) is in; delta-own's timing (d = k) and d = 2 at k = 5 are out."""
-    from ssdmpi.algos import stability
 
-    stable = stable_region(0.9, RULE)
+    stable = region(0.9)
     bound = auto_delay.AUTO_STABILITY * 2 * 1.9
     assert bound == pytest.approx(1.9)
     for k, d in [(5, 1), (5, 2), (5, 5), (10, 2), (20, 3), (20, 6), (32, 8), (4, 1), (7, 1)]:
-        fine = stability.threshold("delta-merge", k, d)
+        fine = map_threshold(k, d)
         assert stable(k, d) == (fine >= bound), (k, d, fine)
     assert stable(5, 1) and not stable(5, 5) and not stable(5, 2) and stable(20, 3)
     for k, d in [(5, 1), (10, 3), (20, 3)]:                  # another momentum: its own map and bound (1.5)
-        assert stable_region(0.5, RULE)(k, d) == (stability.threshold("delta-merge", k, d, mu=0.5) >= 1.5), (k, d)
-    merged = stable_region(0.9, RULE, 1.0)                   # the momentum merge: its own map
+        assert region(0.5)(k, d) == (map_threshold(k, d, mu=0.5) >= 1.5), (k, d)
+    merged = region(0.9, 1.0)                   # the momentum merge: its own map
     for k, d in [(5, 1), (10, 1), (17, 2), (20, 1), (20, 3), (24, 2), (32, 8)]:
-        assert merged(k, d) == (stability.threshold("delta-merge", k, d, merge_momentum=1.0) >= bound), (k, d)
+        assert merged(k, d) == (map_threshold(k, d, merge_momentum=1.0) >= bound), (k, d)
     assert stable(5, 1) and not merged(5, 1) and merged(20, 3)
 
 
@@ -206,13 +215,13 @@ def test_probe_cpu_is_the_median_thread_cpu_of_polled_allreduces(monkeypatch):
     assert sleeps == [auto_delay.PROBE_POLL_S] * 6         # polled between the tests, never spinning
 
 
-STABLE = stable_region(0.9, RULE)     # the meter's default momentum
+STABLE = region(0.9)     # momentum SGD's default momentum
 
 
 def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
     """c = 0.1 s, T = 0.4 s: the probe is a quarter of the gradient (about one step of time); its
     0.02 s of CPU scale to W = 0.08 s for the whole allreduce, and k amortises that."""
-    m = DelayMeter(rule=RULE)
+    m = DelayMeter(stable=STABLE)
     for _ in range(10):
         m.add(0.1, 0.4)
     asked = []
@@ -227,7 +236,7 @@ def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
 
 def test_the_period_end_update_counts_with_the_probed_cpu():
     """``u`` (the warm-up's update time) and the probe's CPU time add up to the per-period cost."""
-    m = DelayMeter(rule=RULE)
+    m = DelayMeter(stable=STABLE)
     for _ in range(10):
         m.add(0.1, 0.4, 0.03)
     choice = m.choose(FakeComm(), step=10, probe=lambda fraction: 0.02)
@@ -238,10 +247,10 @@ def test_the_period_end_update_counts_with_the_probed_cpu():
 
 
 def test_warm_up_samples_of_a_checkpoint_from_before_the_update_time_load_with_none():
-    m = DelayMeter(rule=RULE)
+    m = DelayMeter(stable=STABLE)
     m.load_state_dict({"auto.samples": np.array([[0.1, 0.2], [0.3, 0.4]])})
     assert m.samples == [(0.1, 0.2, 0.0), (0.3, 0.4, 0.0)]
-    again = DelayMeter(rule=RULE)
+    again = DelayMeter(stable=STABLE)
     again.load_state_dict(m.state_dict())
     assert again.samples == m.samples and m.state_dict()["auto.samples"].shape == (2, 3)
 
@@ -267,24 +276,24 @@ def test_delay_max_caps_the_choice_and_the_amortise_condition_is_judged_against_
     (k, d) with d > 1 (the map: d >= 2 needs k >= 17): d = 1, most of the allreduce exposed; amortising
     that asks for k = 6, which is unstable (1.67 < 1.9): k = 5. With W = 1 s of CPU per period,
     amortising asks for k = 27, or 8 at the cap."""
-    m = DelayMeter(hi=6, rule=RULE)
+    m = DelayMeter(hi=6, stable=STABLE)
     for _ in range(10):
         m.add(0.1, 0.95)
     capped = m.choose(FakeComm(), step=10)
     assert (capped.k, capped.d, capped.hi) == (5, 1, 6) and "1-6" in capped.text()
-    uncapped = decide({"c": 0.1, "T": 0.95, "fewest": -10}, 10, rule=RULE)
+    uncapped = decide({"c": 0.1, "T": 0.95, "fewest": -10}, 10, stable=STABLE)
     assert (uncapped.k, uncapped.d) \
         == choose_period(0.1, 0.95, stable=STABLE) == (21, 10)
-    free = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, rule=RULE)
-    at_cap = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, hi=8, rule=RULE)
+    free = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, stable=STABLE)
+    at_cap = decide({"c": 0.1, "T": 0.2, "cpu": 1.0, "fewest": -10}, 10, hi=8, stable=STABLE)
     assert (free.k, free.d) == choose_period(0.1, 0.2, 1.0, stable=STABLE) == (27, 3)
     assert (at_cap.k, at_cap.d) == choose_period(0.1, 0.2, 1.0, hi=8, stable=STABLE) == (8, 1)
-    zero = decide({"c": 0.0, "T": 0.2, "fewest": -10}, 10, hi=8, rule=RULE)     # nothing hides it: d = 1, amortised
+    zero = decide({"c": 0.0, "T": 0.2, "fewest": -10}, 10, hi=8, stable=STABLE)     # nothing hides it: d = 1, amortised
     assert (zero.k, zero.d) == (8, 1) and STABLE(8, 1)
 
 
 def test_a_fixed_merge_delay_is_kept_and_k_chosen_around_it():
-    m = DelayMeter(d=3, rule=RULE)
+    m = DelayMeter(d=3, stable=STABLE)
     for _ in range(10):
         m.add(0.1, 0.05)
     choice = m.choose(FakeComm(), step=10)
@@ -298,14 +307,14 @@ def agree(meters, step=10):
     """What every rank gets: each meter's summary reduced with max, as allreduce_scalars does."""
     summaries = [m.summary() for m in meters]
     agreed = {key: max(s[key] for s in summaries) for key in summaries[0]}
-    return [decide(agreed, step, rule=RULE) for _ in meters]
+    return [decide(agreed, step, stable=STABLE) for _ in meters]
 
 
 def test_noisy_ranks_that_would_choose_differently_alone_agree_on_one_k():
     rng = np.random.default_rng(0)
     meters, alone = [], set()
     for rank in range(4):
-        m = DelayMeter(rule=RULE)
+        m = DelayMeter(stable=STABLE)
         c0 = 0.010 * (1 + 0.1 * rank)           # ranks differ in speed
         for _ in range(30):
             m.add(c0 * rng.uniform(0.9, 1.1), 0.0485 * rng.uniform(0.9, 1.1))
@@ -321,7 +330,7 @@ def test_noisy_ranks_that_would_choose_differently_alone_agree_on_one_k():
 
 
 def test_median_of_the_last_window_ignores_a_cold_first_step_and_a_pause():
-    m = DelayMeter(rule=RULE)
+    m = DelayMeter(stable=STABLE)
     m.add(5.0, 9.0)                              # cold first step
     for i in range(WINDOW + 5):
         m.add(0.1, 0.45 if i != 12 else 30.0)    # one pause in the allreduce
@@ -332,22 +341,22 @@ def test_median_of_the_last_window_ignores_a_cold_first_step_and_a_pause():
 
 
 def test_fewest_samples_is_reported_and_a_zero_compute_clock_gives_the_longest_delay():
-    a, b = DelayMeter(rule=RULE), DelayMeter(rule=RULE)
+    a, b = DelayMeter(stable=STABLE), DelayMeter(stable=STABLE)
     for _ in range(3):
         a.add(0.0, 0.2)
     for _ in range(7):
         b.add(0.0, 0.1)
     choice = agree([a, b])[0]
     assert choice.samples == 3 and choice.k == DELAY_RANGE[1]
-    assert decide({"c": 0.0, "T": 0.0, "fewest": -5}, 5, rule=RULE).k == DELAY_RANGE[0]
+    assert decide({"c": 0.0, "T": 0.0, "fewest": -5}, 5, stable=STABLE).k == DELAY_RANGE[0]
 
 
 def test_meter_and_choice_round_trip_through_their_state():
-    m = DelayMeter(rule=RULE)
+    m = DelayMeter(stable=STABLE)
     assert m.state_dict() == {}
     for i in range(4):
         m.add(0.1 * i, 0.2 * i)
-    again = DelayMeter(rule=RULE)
+    again = DelayMeter(stable=STABLE)
     again.load_state_dict(m.state_dict())
     assert again.samples == m.samples
     choice = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20)

@@ -154,9 +154,9 @@ def test_with_diffs_gives_zero_for_ssgd_and_blank_without_a_reference():
 def test_numbers_are_the_reference_simulators(sweep):
     """Recompute one cell with the simulator directly: same loaders, steps, finalize, test set."""
     from ssdmpi.algos import AlgoConfig
-    from ssdmpi.algos.reference import simulate
     from ssdmpi.data import ShardedLoader, load_dataset
     from ssdmpi.nn import build_model
+    from ssdmpi.verify.reference import simulate
 
     out, _ = sweep
     row = next(r for r in read_csv(out / "results.csv") if r["variant"] == "period/delta-own" and r["N"] == "2"
@@ -182,9 +182,9 @@ def test_tail_is_the_mean_accuracy_of_runs_stopped_and_finalized_there(tmp_path)
     """``--tail 3``: the mean over the 3 tail iterations of a simulation stopped there and finalized
     (computed here from scratch), and a second table of it; the final figure is unchanged by it."""
     from ssdmpi.algos import AlgoConfig
-    from ssdmpi.algos.reference import simulate
     from ssdmpi.data import ShardedLoader, load_dataset
     from ssdmpi.nn import build_model
+    from ssdmpi.verify.reference import simulate
 
     out = tmp_path / "tail"
     args = TINY[:-1] + ["ssgd,period/delta-merge", "--ranks", "2", "--delays", "3"]
@@ -251,7 +251,7 @@ def test_a_configuration_runs_with_one_blas_thread_whatever_the_callers_limit(mo
     points, so each configuration pins one thread (the table must not depend on the cores)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from ssdmpi.algos import reference
+    from ssdmpi.verify import reference
 
     seen = []
 
@@ -354,9 +354,9 @@ def test_asgd_variant_is_the_reference_asgd_with_one_server_in_round_robin_order
     """The asgd cell of N = 2 workers is ``ASGDSimulation`` on 3 ranks (2 workers + 1 server),
     the loaders sharding the data over the 2 workers only."""
     from ssdmpi.algos import AlgoConfig
-    from ssdmpi.algos.reference import ASGDSimulation, simulate
     from ssdmpi.data import ShardedLoader, load_dataset
     from ssdmpi.nn import build_model
+    from ssdmpi.verify.reference import ASGDSimulation, simulate
 
     row = accuracy.run_config(dict(ASGD_CFG, N=2))
     ds = load_dataset("digits")

@@ -15,10 +15,22 @@ from fractions import Fraction
 
 import pytest
 
-from ssdmpi.algos import stability
+from ssdmpi.algos import registry, stability
 from tests.conftest import run_cli
 
 MU = 0.9
+MAPS = {**registry.linear_maps(), "damp": stability.DAMP}
+
+
+def threshold(rule, k, d=None, merge=0.0, **more):
+    """The map's threshold of ``rule`` at ``k`` (delta-merge: at merge delay ``d``, momentum merge ``merge``)."""
+    own = {"merge_delay": d, "merge_momentum": merge} if rule == "delta-merge" else {}
+    return stability.threshold(MAPS[rule], k, **own, **more)
+
+
+def period_map(rule, x, k, d=None, merge=0.0):
+    own = {"merge_delay": d, "merge_momentum": merge} if rule == "delta-merge" else {}
+    return stability.period_map(MAPS[rule], x, k, **own)
 
 
 def simulate(rule, x, k, d=None, periods=3000, a=0.5, merge=0.0):
@@ -71,7 +83,7 @@ CASES = [("ssgd", 1, None, 0.0), ("localsgd", 5, None, 0.0), ("localsgd", 10, No
 
 @pytest.mark.parametrize("rule,k,d,merge", CASES)
 def test_spread_bounded_below_the_threshold_and_growing_above(rule, k, d, merge):
-    x = stability.threshold(rule, k, d, merge_momentum=merge)
+    x = threshold(rule, k, d, merge)
     assert 0 < x < stability.X_MAX
     below = simulate(rule, x / 1.01, k, d, merge=merge)
     above = simulate(rule, x * 1.01, k, d, merge=merge)
@@ -81,18 +93,20 @@ def test_spread_bounded_below_the_threshold_and_growing_above(rule, k, d, merge)
 
 def test_the_momentum_merge_changes_the_map_and_only_delta_merge_takes_one():
     x = stability.grid(0.01, 3.0, 0.05)
-    a = stability.spectral_radius(stability.period_map("delta-merge", x, 5, 1))
-    b = stability.spectral_radius(stability.period_map("delta-merge", x, 5, 1, merge_momentum=1.0))
+    a = stability.spectral_radius(period_map("delta-merge", x, 5, 1))
+    b = stability.spectral_radius(period_map("delta-merge", x, 5, 1, merge=1.0))
     assert abs(a - b).max() > 0.01
-    with pytest.raises(ValueError):
-        stability.period_map("delta-own", x, 5, merge_momentum=1.0)
+    with pytest.raises(TypeError):
+        stability.period_map(MAPS["delta-own"], x, 5, merge_momentum=1.0)
+    assert [s.name for s in registry.swept("delta-merge")] == ["merge_delay", "merge_momentum"]
+    assert registry.swept("delta-own") == () and registry.swept("replay") == ()
 
 
 def test_delta_merge_with_d_equal_k_is_delta_own():
     x = stability.grid(0.01, 3.0, 0.05)
     for k in (2, 5, 10):
-        a = stability.spectral_radius(stability.period_map("delta-merge", x, k, k))
-        b = stability.spectral_radius(stability.period_map("delta-own", x, k))
+        a = stability.spectral_radius(period_map("delta-merge", x, k, k))
+        b = stability.spectral_radius(period_map("delta-own", x, k))
         assert abs(a - b).max() < 1e-9
 
 
@@ -137,11 +151,11 @@ def test_cheap_merge_equals_the_shift_form_in_exact_arithmetic():
 def test_reference_figures():
     """The linear model's reference figures (2 ranks, momentum 0.9): SSGD's 2(1 + mu); delta-own's
     thresholds at k = 2, 5, 10, 20; delta-merge at (k, d) = (5, 1), (10, 2), (20, 6), (20, 3)."""
-    assert stability.threshold("ssgd", 1) == pytest.approx(3.8, rel=0.003)
+    assert threshold("ssgd", 1) == pytest.approx(3.8, rel=0.003)
     for k, ref in ((2, 0.91), (5, 0.19), (10, 0.053), (20, 0.015)):
-        assert stability.threshold("delta-own", k) == pytest.approx(ref, rel=0.01)
+        assert threshold("delta-own", k) == pytest.approx(ref, rel=0.01)
     for k, d, ref in ((5, 1, 2.0), (10, 2, 1.17), (20, 6, 2.18), (20, 3, 3.57)):
-        assert stability.threshold("delta-merge", k, d) == pytest.approx(ref, rel=0.02)
+        assert threshold("delta-merge", k, d) == pytest.approx(ref, rel=0.02)
 
 
 def test_grid_is_geometric_from_x_min_to_x_max():
@@ -153,21 +167,21 @@ def test_grid_is_geometric_from_x_min_to_x_max():
 def test_command_prints_the_table_and_writes_the_json(tmp_path):
     out = tmp_path / "t.json"
     proc = run_cli(["bench", "stability", "--rules", "ssgd,delta-own,delta-merge", "--delays", "2,5",
-                    "--merge-delays", "1,3", "--json", str(out)])
+                    "--merge-delay", "1,3", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
-    assert "| delta-merge, d = 3, momentum merge 0 |  | 0.168 |" in proc.stdout    # d = 3 > k = 2: an empty cell
-    assert "| delta-merge, d = 1, momentum merge 1 | 1.34 | 1.62 |" in proc.stdout
+    assert "| delta-merge, merge-delay 3, merge-momentum 0 |  | 0.168 |" in proc.stdout    # d = 3 > k = 2: empty
+    assert "| delta-merge, merge-delay 1, merge-momentum 1 | 1.34 | 1.62 |" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["rule"], r["k"], r["d"], r["merge_momentum"]) for r in rows] == [
-        ("ssgd", "", "", ""), ("delta-own", 2, 2, ""), ("delta-own", 5, 5, ""),
+    assert [(r["rule"], r["k"], r.get("merge_delay"), r.get("merge_momentum")) for r in rows] == [
+        ("ssgd", "", None, None), ("delta-own", 2, None, None), ("delta-own", 5, None, None),
         ("delta-merge", 2, 1, 0.0), ("delta-merge", 2, 1, 1.0), ("delta-merge", 5, 1, 0.0), ("delta-merge", 5, 1, 1.0),
         ("delta-merge", 5, 3, 0.0), ("delta-merge", 5, 3, 1.0)]
     for r in rows:
-        assert r["threshold"] == round(stability.threshold(r["rule"], r["k"] or 1, r["d"] or None,
-                                                           merge_momentum=r["merge_momentum"] or 0.0), 4)
+        assert r["threshold"] == round(threshold(r["rule"], r["k"] or 1, r.get("merge_delay"),
+                                                 r.get("merge_momentum") or 0.0), 4)
 
 
-@pytest.mark.parametrize("argv", [["--rules", "nope"], ["--delays", "0"], ["--merge-delays", "x"], ["--ranks", "1"],
+@pytest.mark.parametrize("argv", [["--rules", "nope"], ["--delays", "0"], ["--merge-delay", "x"], ["--ranks", "1"],
                                   ["--momentum", "1"], ["--merge-momentum", "1.5"]])
 def test_bad_arguments_are_one_line_errors(argv):
     proc = run_cli(["bench", "stability"] + argv)

@@ -235,8 +235,10 @@ def test_help_states_the_default_a_run_without_the_flag_gets():
                                                "fashion-mnist-lenet5, fashion-mnist-mlp set their own)")
     assert _help_of("--widths").endswith("(default: 128, from the default preset; preset fashion-mnist-mlp sets "
                                          "its own)")
-    assert _help_of("--momentum").endswith("(default: 0.9; set by preset cifar10-resnet20, fashion-mnist-lenet5, "
-                                           "fashion-mnist-mlp)")
+    assert _help_of("--momentum").endswith("(default: 0.9 with --optimizer sgd; set by preset cifar10-resnet20, "
+                                           "fashion-mnist-lenet5, fashion-mnist-mlp)")
+    assert _help_of("--weight-decay").endswith("(default: 0.0001 with --optimizer sgd; set by preset "
+                                               "cifar10-resnet20, fashion-mnist-lenet5, fashion-mnist-mlp)")
     assert _help_of("--stall-timeout").endswith("(default: 300.0)")
     assert _help_of("--delay").endswith("(default: 5 with --algo ssd or localsgd; odsgd: 1; set by preset "
                                         "cifar10-resnet20, fashion-mnist-lenet5, fashion-mnist-mlp)")
@@ -258,9 +260,10 @@ def test_the_help_of_a_preset_setting_names_the_presets_that_set_it():
 
 
 def test_the_choices_in_the_help_are_the_registered_ones():
-    assert "training algorithm: ssgd | ssd | odsgd | localsgd | asgd (default: ssd;" in _help_of("--algo")
+    assert "training algorithm: ssgd | ssd | asgd | localsgd | odsgd (default: ssd;" in _help_of("--algo")
     assert "delta-own | replay" in _help_of("--period-rule")
     assert "global-momentum | glu-paper | sgd" in _help_of("--local-update")
+    assert "inner optimizer of every step: sgd (default: sgd)" in _help_of("--optimizer")
 
 
 def test_the_default_preset_restates_no_default():

@@ -86,19 +86,23 @@ def test_no_note_without_a_fixed_period_schedule():
     assert records(watch, "delay", range(200, 300, 5)) == [None] * 20
 
 
-def test_the_algorithms_say_which_schedule_has_a_window(tmp_path):
+def test_the_algorithms_say_which_schedule_has_a_window():
     """What the algorithms answer (``allreduce_window``): a fixed-k period rule with a merge delay, one
     merged at the next period's end, and nothing for ``--comm step``, ``--delay auto`` and the others."""
     import numpy as np
+    from mpi4py import MPI
 
     from ssdmpi.algos import AlgoConfig, build_algorithm
+    from ssdmpi.comm.communicator import Communicator
     from ssdmpi.nn import build_model
-    from tests.fakes import FakeComm
 
     def window(**settings):
-        model = build_model("mlp", (4,), 2, widths=(3,), dtype=np.float64)
-        algo = build_algorithm(AlgoConfig(warmup_steps=10, **settings), model, FakeComm())
-        return algo.allreduce_window()
+        comm = Communicator(MPI.COMM_SELF, progress="blocking")
+        try:
+            model = build_model("mlp", (4,), 2, widths=(3,), dtype=np.float64)
+            return build_algorithm(AlgoConfig(warmup_steps=10, **settings), model, comm).allreduce_window()
+        finally:
+            comm.free()
 
     assert window(algo="ssd", comm="period", delay=5, merge_delay=2) == (5, 2, "--merge-delay")
     assert window(algo="ssd", comm="period", delay=4, period_rule="delta-own") == (4, 4, "--delay")

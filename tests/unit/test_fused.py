@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ssdmpi import backend
-from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, PlainLocalSGD, fused
+from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, OptState, PlainLocalSGD, fused
 from ssdmpi.verify import fused_bench as old
 
 DTYPES = (np.float32, np.float64)
@@ -68,8 +68,8 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
             old.unfused_momentum_sgd(*h, g, decay, lr, MU, a)
             fused.momentum_sgd(plan, *d, dg, lr, MU)
         elif kind == "global-momentum":
-            old.unfused_global_momentum_local(*h, g, Mr, decay, lr, MU, a, b)
-            fused.global_momentum_local(plan, *d, dg, dMr, lr, MU)
+            old.unfused_momentum_sgd_read_only(*h, g, Mr, decay, lr, MU, a, b)
+            fused.momentum_sgd_read_only(plan, *d, dg, dMr, lr, MU)
         elif kind == "sgd":
             old.unfused_plain_local_sgd(*h, g, decay, lr, N, a, b)
             fused.plain_local_sgd(plan, *d, dg, lr, N)
@@ -86,8 +86,8 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
             np.add(h[0], h[1], out=h[0])
             fused.add_divided(plan, d[0], d[1], N)
         elif kind == "merge-restart":                # state (L, S): L = W + (L - S); S = W
-            old.unfused_merge_restart(Wg, *h, a)
-            fused.merge_restart(plan, dWg, *d)
+            old.unfused_rebase(Wg, *h, a)
+            fused.rebase(plan, dWg, *d)
             Wg = Wg + np.asarray(g, dtype) * np.asarray(lr, dtype)     # W moves between merges
             dWg = dev(Wg)
         elif kind == "divide-copy":                  # state (L, W): L = L/N; W = L
@@ -95,10 +95,10 @@ def run(kind, n, dtype, mask, block_bytes=SMALL, device=None, steps=4, seed=0, d
             h[1][...] = h[0]
             fused.divide_copy(plan, d[0], d[1], N)
         else:                                        # delta-own: state (U, L, S, D); a boundary each step
-            old.unfused_delta_own_step(h[0], h[1], g, mask, lr, LAM, MU, a)
-            fused.delta_own_step(plan, d[0], d[1], dg, lr * LAM, MU, lr)
-            old.unfused_delta_own_boundary(Wg, *h[1:], s % 2 == 1)
-            fused.delta_own_boundary(plan, dWg, *d[1:], s % 2 == 1)
+            old.unfused_momentum_sgd_expanded(h[0], h[1], g, mask, lr, LAM, MU, a)
+            fused.momentum_sgd_expanded(plan, d[0], d[1], dg, lr * LAM, MU, lr)
+            old.unfused_post_displacement(Wg, *h[1:], s % 2 == 1)
+            fused.post_displacement(plan, dWg, *d[1:], s % 2 == 1)
     return h, [backend.to_host(x) for x in d]
 
 
@@ -157,7 +157,7 @@ def test_weight_decay_only_where_the_mask_is_one():
     mask = layer_mask(n, np.float32, np.random.default_rng(3))
     W = np.random.default_rng(4).uniform(1, 2, n).astype(np.float32)
     W0, M = W.copy(), np.zeros(n, np.float32)
-    MomentumSGD(0.9, 0.1, mask).step(W, M, np.zeros(n, np.float32), 0.5)
+    MomentumSGD(mask, 0.9, 0.1).update(W, OptState(velocity=M), np.zeros(n, np.float32), 0.5)
     on = mask == 1
     assert on.any() and (~on).any()
     assert np.array_equal(W[~on], W0[~on]) and np.all(W[on] < W0[on])
@@ -175,10 +175,10 @@ def test_classes_use_the_fused_updates_bitwise():
     W, M, g, L, P = (rng.standard_normal(n).astype(np.float32) for _ in range(5))
     a, b, c = (np.empty(n, np.float32) for _ in range(3))
     W0, M0, L0, L1, L2, P0 = W.copy(), M.copy(), L.copy(), L.copy(), L.copy(), L.copy()
-    MomentumSGD(MU, LAM, mask).step(W, M, g, LR)
+    MomentumSGD(mask, MU, LAM).update(W, OptState(velocity=M), g, LR)
     old.unfused_momentum_sgd(W0, M0, g, decay, LR, MU, a)
-    GlobalMomentumLocal(M, MU, LAM, mask).step(L, g, 0, LR)
-    old.unfused_global_momentum_local(L0, g, M, decay, LR, MU, a, b)
+    GlobalMomentumLocal(MomentumSGD(mask, MU, LAM), OptState(velocity=M)).step(L, g, 0, LR)
+    old.unfused_momentum_sgd_read_only(L0, g, M, decay, LR, MU, a, b)
     PlainLocalSGD(N, LAM, mask).step(L1, g, 0, LR)
     old.unfused_plain_local_sgd(L2, g, decay, LR, N, a, b)
     glu = GLUPaper(N, 2, C, LAM, mask)
@@ -193,11 +193,11 @@ def test_classes_use_the_fused_updates_bitwise():
 @pytest.mark.parametrize("bad", ["strided", "dtype", "size", "2d"])
 def test_buffers_must_be_flat_contiguous_of_the_plans_size_and_dtype(bad):
     mask = np.ones(10, np.float32)
-    opt = MomentumSGD(0.9, 1e-4, mask)
+    opt = MomentumSGD(mask, 0.9, 1e-4)
     W = {"strided": np.zeros(20, np.float32)[::2], "dtype": np.zeros(10, np.float64),
          "size": np.zeros(11, np.float32), "2d": np.zeros((2, 5), np.float32)}[bad]
     with pytest.raises(ValueError, match="fused update needs 1-D contiguous float32 buffers of 10 elements"):
-        opt.step(W, np.zeros(10, np.float32), np.zeros(10, np.float32), 0.1)
+        opt.update(W, OptState(velocity=np.zeros(10, np.float32)), np.zeros(10, np.float32), 0.1)
 
 
 # --- the GPU path without a GPU ------------------------------------------------------------------

@@ -184,8 +184,8 @@ def test_the_algorithm_comparison_finds_nothing_on_numpy_at_one_rank():
 def test_the_algorithm_comparison_sees_a_reference_that_drifts(monkeypatch):
     from mpi4py import MPI
 
-    from ssdmpi.algos import reference
     from ssdmpi.gpucheck.ranks import compare_one
+    from ssdmpi.verify import reference
 
     class Drifting(reference.Simulation):
         def step(self):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ssdmpi import backend
-from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, PlainLocalSGD, make_local_update
+from ssdmpi.optim import GlobalMomentumLocal, GLUPaper, MomentumSGD, OptState, PlainLocalSGD, make_local_update
 
 N_PARAMS = 50
 
@@ -35,7 +35,7 @@ def test_global_update_equals_pytorch_sgd(mu, lam):
     W, mask, grads = problem()
     lr = 0.1
     M = np.zeros_like(W)
-    opt = MomentumSGD(mu, lam, mask)
+    opt = MomentumSGD(mask, mu, lam)
     dec, nodec = mask == 1, mask == 0
     p_dec = torch.tensor(W[dec], requires_grad=True)
     p_nod = torch.tensor(W[nodec], requires_grad=True)
@@ -43,7 +43,7 @@ def test_global_update_equals_pytorch_sgd(mu, lam):
                            lr=lr, momentum=mu)
     W = W.copy()
     for G in grads:
-        opt.step(W, M, G, lr)
+        opt.update(W, OptState(velocity=M), G, lr)
         p_dec.grad, p_nod.grad = torch.tensor(G[dec]), torch.tensor(G[nodec])
         topt.step()
     np.testing.assert_allclose(W[dec], p_dec.detach().numpy(), rtol=1e-12, atol=1e-13)
@@ -55,7 +55,7 @@ def test_global_update_one_step_by_hand():
     M = np.array([0.5, 0.0, 1.0])
     mask = np.array([1.0, 0.0, 1.0])
     G = np.array([0.1, 0.2, 0.3])
-    MomentumSGD(0.9, 0.01, mask).step(W, M, G, 0.5)
+    MomentumSGD(mask, 0.9, 0.01).update(W, OptState(velocity=M), G, 0.5)
     # M = 0.9*M - 0.5*(0.01*mask*W + G)
     expected_M = np.array([0.45 - 0.5 * (0.01 + 0.1), -0.5 * 0.2, 0.9 - 0.5 * (-0.01 + 0.3)])
     np.testing.assert_allclose(M, expected_M, rtol=1e-15)
@@ -68,9 +68,9 @@ def test_global_update_with_a_constant_gradient_follows_the_closed_form(mu):
     W0, mask, grads = problem(7)
     G, lr, steps = grads[0], 0.05, 20
     W, M = W0.copy(), np.zeros(N_PARAMS)
-    opt = MomentumSGD(mu, 0.0, mask)
+    opt = MomentumSGD(mask, mu, 0.0)
     for _ in range(steps):
-        opt.step(W, M, G, lr)
+        opt.update(W, OptState(velocity=M), G, lr)
     t = np.arange(1, steps + 1)
     factors = (1 - mu ** t) / (1 - mu)                  # M_t = -lr * G * factors[t-1]
     np.testing.assert_allclose(M, -lr * G * factors[-1], rtol=1e-12, atol=1e-15)
@@ -83,7 +83,7 @@ def test_global_momentum_local_update_is_section_4b():
     M = rng.normal(size=N_PARAMS) * 0.1
     M_before = M.copy()
     L = W.copy()
-    upd = GlobalMomentumLocal(M, 0.9, 1e-3, mask)
+    upd = GlobalMomentumLocal(MomentumSGD(mask, 0.9, 1e-3), OptState(velocity=M))
     for m, g in enumerate(grads):
         expected = L + 0.9 * M - 0.05 * (g + 1e-3 * mask * L)
         upd.step(L, g, m, 0.05)
@@ -142,8 +142,8 @@ def test_glu_state_round_trip():
 def test_make_local_update_rejects_unknown_names():
     mask = np.ones(3)
     with pytest.raises(ValueError):
-        make_local_update("adam", M=np.zeros(3), world_size=1, delay=1, momentum=0.9, weight_decay=0.0,
-                          glu_divisor=12.0, decay_mask=mask)
+        make_local_update("adam", optimizer=MomentumSGD(mask, 0.9, 0.0), global_state=OptState(velocity=np.zeros(3)),
+                          world_size=1, delay=1, weight_decay=0.0, glu_divisor=12.0, decay_mask=mask)
 
 
 ALLOC_PARAMS = 1 << 18          # float32: 1 MiB per buffer, far above the interpreter's own allocations
@@ -165,12 +165,12 @@ def hot_path_steps():
     rng = np.random.default_rng(5)
     W, M, g = (rng.standard_normal(ALLOC_PARAMS, dtype=np.float32) for _ in range(3))
     mask = (rng.random(ALLOC_PARAMS) < 0.7).astype(np.float32)
-    sgd = MomentumSGD(0.9, 1e-4, mask)
-    local = {"global-momentum": GlobalMomentumLocal(M, 0.9, 1e-4, mask), "sgd": PlainLocalSGD(2, 1e-4, mask),
-             "glu-paper": GLUPaper(2, 2, 12.0, 1e-4, mask)}
+    sgd = MomentumSGD(mask, 0.9, 1e-4)
+    local = {"global-momentum": GlobalMomentumLocal(MomentumSGD(mask, 0.9, 1e-4), OptState(velocity=M)),
+             "sgd": PlainLocalSGD(2, 1e-4, mask), "glu-paper": GLUPaper(2, 2, 12.0, 1e-4, mask)}
     local["glu-paper"].begin(W)
     counter = iter(range(10**6))       # m: GLU alternates snapshot and non-snapshot steps
-    steps = {"momentum-sgd": lambda: sgd.step(W, M, g, 0.1)}
+    steps = {"momentum-sgd": lambda: sgd.update(W, OptState(velocity=M), g, 0.1)}
     for name, upd in local.items():
         steps[name] = lambda upd=upd: upd.step(W, g, next(counter), 0.1)
     return steps
@@ -187,7 +187,8 @@ def test_a_step_allocates_no_buffer_of_the_weights_size(name):
 
 def test_the_allocation_check_sees_one_temporary(monkeypatch):
     """The check above can fail: a step with one float32 temporary of the weights' size is caught."""
-    def allocating_step(self, W, M, G, lr):
+    def allocating_step(self, W, state, G, lr, divisor=None):
+        M = state["velocity"]
         tmp = W * self._decay                        # a new array, as a careless rewrite would make
         tmp += G
         tmp *= lr
@@ -195,7 +196,7 @@ def test_the_allocation_check_sees_one_temporary(monkeypatch):
         M -= tmp
         W += M
 
-    monkeypatch.setattr(MomentumSGD, "step", allocating_step)
+    monkeypatch.setattr(MomentumSGD, "update", allocating_step)
     step = hot_path_steps()["momentum-sgd"]
     step()
     assert traced_peak(step) >= ALLOC_PARAMS * 4
@@ -210,12 +211,12 @@ def test_cupy_matches_numpy():
     outs = []
     for xp in (np, cupy):
         Wx, Mx, mx = xp.asarray(W), xp.zeros(N_PARAMS), xp.asarray(mask)
-        sgd, glu = MomentumSGD(0.9, 1e-3, mx), GLUPaper(2, 3, 12.0, 1e-3, mx)
+        sgd, glu = MomentumSGD(mx, 0.9, 1e-3), GLUPaper(2, 3, 12.0, 1e-3, mx)
         Lx = Wx.copy()
         glu.begin(Lx)
         for m, g in enumerate(grads):
             gx = xp.asarray(g)
-            sgd.step(Wx, Mx, gx, 0.1)
+            sgd.update(Wx, OptState(velocity=Mx), gx, 0.1)
             glu.step(Lx, gx, m, 0.1)
         outs.append((backend.to_host(Wx), backend.to_host(Lx)))
     np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=1e-12)

@@ -34,7 +34,7 @@ class SleepyComm:
     Communicator's ``blocking`` strategy, ``allreduce_start`` (called by the overlapped ssgd
     during the backward pass) runs the whole allreduce, and its ``wait()`` records it."""
 
-    size, rank, strategy = 1, 0, "test"
+    size, rank, moved_by_caller = 1, 0, True    # like --progress test: the caller moves requests along
 
     def __init__(self, delay, poke, bucket_bytes=None):
         self.stats, self.delay, self.poke, self.bucket_bytes = CommStats(), delay, poke, bucket_bytes

@@ -21,7 +21,7 @@ ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")
 # "default: ..." comment (a default the run decides), or "only with ..." (the run does not use it).
 NOT = "not used by this run (only with "
 EXPECTED = {
-    "ssgd": {"delay": NOT + "--algo ssd, odsgd or localsgd)", "comm": NOT + "--algo ssd or odsgd)",
+    "ssgd": {"delay": NOT + "--algo ssd, localsgd or odsgd)", "comm": NOT + "--algo ssd or odsgd)",
              "period_rule": NOT + "--algo ssd --comm period)", "local_update": NOT + "--comm step or --period-rule "
              "replay)", "glu_divisor": NOT + "--local-update glu-paper)", "servers": NOT + "--algo asgd)"},
     "ssd": {"delay": 5, "comm": "period", "period_rule": "delta-merge", "merge_delay": 1, "merge_momentum": 1.0,
@@ -32,7 +32,7 @@ EXPECTED = {
               "glu_divisor": NOT + "--local-update glu-paper)"},
     "localsgd": {"delay": 5, "comm": NOT + "--algo ssd or odsgd)", "local_update": NOT + "--comm step or "
                  "--period-rule replay)", "servers": NOT + "--algo asgd)"},
-    "asgd": {"servers": 1, "asgd_order": "arrival", "delay": NOT + "--algo ssd, odsgd or localsgd)",
+    "asgd": {"servers": 1, "asgd_order": "arrival", "delay": NOT + "--algo ssd, localsgd or odsgd)",
              "local_lr": NOT + "--local-update glu-paper or sgd)"},
 }
 

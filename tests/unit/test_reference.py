@@ -1,4 +1,4 @@
-"""The reference simulator (ssdmpi/algos/reference.py) against facts that follow from the spec.
+"""The reference simulator (ssdmpi/verify/reference.py) against facts that follow from the spec.
 
 These checks do not use the MPI code path: they compare the simulator with plain SGD
 loops written here, and with itself under symmetries (N workers on identical data are
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ssdmpi.algos import AlgoConfig
-from ssdmpi.algos.reference import Simulation, simulate
 from ssdmpi.nn import build_model
+from ssdmpi.verify.reference import Simulation, simulate
 from tests.fakes import ArrayBatches
 
 FEATURES, CLASSES = 10, 3
@@ -188,7 +188,7 @@ def test_delta_own_invariants_of_period_rule_md():
 
     sim = Simulation(cfg, factory, batches, N)
     probe = factory()
-    mu, lam, mask = cfg.momentum, cfg.weight_decay, np.asarray(probe.flat.decay_mask())
+    mu, lam, mask = sim.cfg.momentum, sim.cfg.weight_decay, np.asarray(probe.flat.decay_mask())   # resolved
     for _ in range(T_w):
         sim.step()
     checked = 0

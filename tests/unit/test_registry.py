@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from ssdmpi.algos import registry
-from ssdmpi.algos.spec import load
 from ssdmpi.cli import build_parser
+from ssdmpi.spec import load
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "ssdmpi"
@@ -179,14 +179,14 @@ def test_every_variant_resolves_and_names_an_implementation_and_a_reference(vari
     assert callable(load(spec.implementation(cfg)))
     assert callable(load(spec.simulation))
     if spec.delay_stage:
-        assert callable(load(spec.reference(cfg)))
+        assert callable(load(spec.reference(cfg, registry.RULES.get(cfg.period_rule))))
 
 
 PLANTED = '''\
 """A rule planted by tests/unit/test_registry.py: replay under another name, with a setting of its own."""
 
 from ssdmpi.algos.rules.replay import GradientReplay
-from ssdmpi.algos.spec import RuleSpec, Setting
+from ssdmpi.spec import RuleSpec, Setting
 from ssdmpi.validate import positive_int
 
 
@@ -194,7 +194,7 @@ class Planted(GradientReplay):
     pass
 
 
-SPEC = RuleSpec("planted", Planted, reference="ssdmpi.algos.reference:ReplayTwin", summary="replay, planted",
+SPEC = RuleSpec("planted", Planted, reference="ssdmpi.verify.reference:ReplayTwin", summary="replay, planted",
                 uses_local_update=True, variant={"local_update": "sgd"},
                 settings=(Setting("planted_knob", 3, "a knob of the planted rule", int, positive_int),))
 '''
@@ -203,7 +203,7 @@ PROBE = '''\
 import json
 from ssdmpi import config
 from ssdmpi.algos import registry
-from ssdmpi.algos.reference import simulate
+from ssdmpi.verify.reference import simulate
 from ssdmpi.bench import accuracy
 from ssdmpi.cli import build_parser
 from ssdmpi.nn import build_model

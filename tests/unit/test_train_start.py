@@ -106,7 +106,7 @@ def test_print_config_prints_the_resolution_and_writes_nothing(tmp_path):
     expected = config.resolve(parse("--config", str(tmp_path / "c.yaml"), "--batch-size", "8")).to_dict()
     expected.pop("run_dir"), expected.pop("stop_at_step")
     expected.update(delay=5, comm="period", period_rule="delta-merge", merge_delay=1,   # what --algo ssd resolves
-                    merge_momentum=1.0)
+                    merge_momentum=1.0, optimizer="sgd", momentum=0.9, weight_decay=1e-4)   # and --optimizer sgd
     assert printed == expected and printed["lr"] == 0.3 and printed["batch_size"] == 8
     assert f"#   run_dir: {tmp_path / 'r'}" in result.stdout
     assert re.search(r"^delay: 5 +# the default for --algo ssd$", result.stdout, re.M)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ssdmpi.algos import resize
 from ssdmpi.algos.period import PeriodRule
-from ssdmpi.algos.spec import RuleSpec
+from ssdmpi.spec import LinearMap, RuleSpec
 
 
 class DeltaOwn(PeriodRule):
@@ -23,7 +23,9 @@ class DeltaOwn(PeriodRule):
         if changed:  L <- W + D                             # own displacement still in flight
         post Iallreduce(D) (sum; the /N is folded into the next W update);  S <- L
 
-    ``M`` is not used in the delay stage. ``U`` is never reset or averaged. ``finalize()``
+    ``U`` is this rank's state of the inner optimizer (``--optimizer``; momentum SGD's velocity, stepped
+    in the expanded order above), a copy of the global state ``M`` at the switch; the local step is
+    that optimizer's step. ``M`` is not used in the delay stage. ``U`` is never reset or averaged. ``finalize()``
     (end of training) applies what is in flight, then averages the partial period with a
     blocking allreduce: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (skipped when training
     ended on a period boundary, where ``L = S``).
@@ -37,19 +39,20 @@ class DeltaOwn(PeriodRule):
         st = self.st
         self.U = st.M.copy()
         self.S = st.L.copy()
-        self._fused, self._plan = fused, fused.Plan((st.mask,), scratch=1)
+        self.optimizer = st.optimizer.local_form()
+        self.optimizer.poll = st.poll
+        self._fused, self._plan = fused, fused.Plan((st.mask,), scratch=0)
         self._plan.poll = st.poll
 
     def step(self, g, m: int) -> None:
         st = self.st
-        eta = st.schedule(st.counts.t)
-        # One fused pass: t = L*mask; t = t*(eta*lam); U = U*mu - t; U = U - g*eta; L = L + U.
-        # (eta*lam*mask)*L rounds like this: eta*lam*mask is exactly eta*lam or 0.
-        self._fused.delta_own_step(self._plan, self.U, st.L, g, eta * st.weight_decay, st.momentum, eta)
+        # One fused pass of the optimizer (momentum SGD: t = L*mask; t = t*(eta*lam); U = U*mu - t;
+        # U = U - g*eta; L = L + U; (eta*lam*mask)*L rounds like this: eta*lam*mask is exactly eta*lam or 0).
+        self.optimizer.update(st.L, self.U, g, st.schedule(st.counts.t))
         if (m + 1) % st.k == 0:
             changed = self._complete()
             D = self._acc
-            self._fused.delta_own_boundary(self._plan, st.W, st.L, self.S, D, changed)  # D = L-S; [L = W+D]; S = L
+            self._fused.post_displacement(self._plan, st.W, st.L, self.S, D, changed)  # D = L-S; [L = W+D]; S = L
             self._swap_in(self._post(D))
 
     def _complete(self) -> bool:
@@ -86,7 +89,7 @@ class DeltaOwn(PeriodRule):
         """``U``, ``S``, the held mean; not ``acc``: ``D = L - S`` overwrites it before it is read."""
         d = super().state_dict()
         del d["acc"]
-        d.update({"U": self.U, "S": self.S})
+        d.update({**self.U.entries("U"), "S": self.S})
         return d
 
     @staticmethod
@@ -96,10 +99,23 @@ class DeltaOwn(PeriodRule):
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
-        self.U[...] = self.st.xp.asarray(d["U"])
+        self.U.load_entries(d, "U", self.st.xp)
         self.S[...] = self.st.xp.asarray(d["S"])
 
 
-SPEC = RuleSpec("delta-own", DeltaOwn, reference="ssdmpi.algos.reference:DeltaOwnTwin",
+def merged_after(x, k: int, d: int, N: int, mu: float, a: float = 0.0):
+    """The linear map of a period whose posted sum is merged ``d`` steps after it was posted, with the
+    momentum merge ``a`` (``ssdmpi/algos/stability.py``): delta-own is ``d = k``, ``a = 0``."""
+    from ssdmpi.algos.stability import LinearState, chain, local_steps, merge, post, power
+
+    if d is None or not 1 <= d <= k:
+        raise ValueError(f"merge delay d must be in 1..k={k}, got {d!r}")
+    s = LinearState(N)
+    step = local_steps(s, x, mu)
+    return chain(power(step, d), merge(s, x, k, a), power(step, k - d), post(s, x))
+
+
+SPEC = RuleSpec("delta-own", DeltaOwn, reference="ssdmpi.verify.reference:DeltaOwnTwin",
                 summary="momentum SGD on L with a per-rank U | wait previous Dsum: W <- W + Dsum/N; D = L - S; "
-                        "L <- W + D (if W changed); post D (sum); S <- L")
+                        "L <- W + D (if W changed); post D (sum); S <- L",
+                accuracy_default=True, linear_map=LinearMap(lambda x, k, N, mu: merged_after(x, k, k, N, mu)))

@@ -4,7 +4,7 @@ global steps (ALGORITHM.md 5b, docs/PERIOD_RULE.md 6)."""
 from __future__ import annotations
 
 from ssdmpi.algos.period import PeriodRule
-from ssdmpi.algos.spec import RuleSpec
+from ssdmpi.spec import LinearMap, RuleSpec
 
 
 class GradientReplay(PeriodRule):
@@ -38,7 +38,7 @@ class GradientReplay(PeriodRule):
         steps = st.k if steps is None else steps
         reduced /= steps
         for _ in range(steps):
-            st.global_sgd.step(st.W, st.M, reduced, st.schedule(st.counts.s))
+            st.optimizer.update(st.W, st.M, reduced, st.schedule(st.counts.s))
             st.counts.s += 1
 
     def finalize(self) -> None:
@@ -52,7 +52,23 @@ class GradientReplay(PeriodRule):
             self._apply(self._acc, j)
 
 
-SPEC = RuleSpec("replay", GradientReplay, reference="ssdmpi.algos.reference:ReplayTwin",
+def _linear_map(x, k, N, mu):
+    """With the global-momentum local update: ``L <- L + mu*M - eta*g``; ``A`` accumulates ``eta*g``. At a
+    period end: ``k`` global steps ``M <- mu*M - P/k``, ``W <- W + M`` with the previous period's mean ``P``;
+    post ``A``; ``L <- W``."""
+    from ssdmpi.algos.stability import LinearState, chain, power
+
+    s = LinearState(N, shared=("W", "M", "P"), per_rank=("L", "A"))
+    local = s.assign(x, {**{f"L{r}": {f"L{r}": 1.0 - x, "M": mu} for r in range(N)},
+                         **{f"A{r}": {f"A{r}": 1.0, f"L{r}": x} for r in range(N)}})
+    glob = chain(s.assign(x, {"M": {"M": mu, "P": -1.0 / k}}), s.assign(x, {"W": {"W": 1.0, "M": 1.0}}))
+    send = chain(s.assign(x, {"P": {f"A{r}": 1.0 / N for r in range(N)}}),
+                 s.assign(x, {**{f"A{r}": {} for r in range(N)}, **{f"L{r}": {"W": 1.0} for r in range(N)}}))
+    return chain(power(local, k), power(glob, k), send)
+
+
+SPEC = RuleSpec("replay", GradientReplay, reference="ssdmpi.verify.reference:ReplayTwin",
                 summary="A += g; local update (--local-update) | post A; wait the previous period's Abar; "
                         "k global steps with Abar/k; L <- W",
-                uses_local_update=True, variant={"local_update": "global-momentum"})
+                uses_local_update=True, variant={"local_update": "global-momentum"},
+                linear_map=LinearMap(_linear_map, default=False))

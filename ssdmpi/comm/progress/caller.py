@@ -16,6 +16,7 @@ class CallerChannel(GradientChannel):
     """Nonblocking requests driven by the caller's calls (see the module docstring)."""
 
     name = "test"
+    moved_by_caller = True
 
     def _start(self, handle, divide_here: bool) -> None:
         handle._unposted = True

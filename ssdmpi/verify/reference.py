@@ -30,8 +30,8 @@ import copy
 
 import numpy as np
 
-from ssdmpi.algos.registry import ALGORITHMS
-from ssdmpi.algos.spec import load
+from ssdmpi.algos.registry import ALGORITHMS, RULES
+from ssdmpi.spec import load
 
 
 class Simulation:
@@ -54,7 +54,7 @@ class Simulation:
         self.mu, self.lam, self.k = c.momentum, c.weight_decay, c.delay
         spec = ALGORITHMS[c.algo]
         self.T_w = c.warmup_steps if spec.delay_stage else None
-        self.twin = load(spec.reference(c))(self) if spec.delay_stage else None
+        self.twin = load(spec.reference(c, RULES.get(c.period_rule)))(self) if spec.delay_stage else None
         self.W = np.array(self.model.params, copy=True)
         self.M = np.zeros_like(self.W)
         self.L = self.P = self.V = self.U = self.S = self.A = None
