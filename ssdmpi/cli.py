@@ -27,12 +27,13 @@ from ssdmpi.validate import did_you_mean
 
 # name -> (module, one-line help[, module that runs it]). The order is the order of ``--help``. A
 # command whose ``run`` needs heavy imports at its top names a second module for it, loaded on use.
+# A help that is a function is given the module (``bench``'s lists the module's own kinds).
 COMMANDS = {
     "train": ("ssdmpi.run.command", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD",
               "ssdmpi.run.trainer"),
     "eval": ("ssdmpi.eval_cli", "evaluate a checkpoint on a dataset's test split"),
-    "bench": ("ssdmpi.bench",
-              "benchmarks: engine, comm, train, model, accuracy, stability; report renders BENCHMARKS.md"),
+    "bench": ("ssdmpi.bench", lambda bench: "benchmarks: " + ", ".join(k for k in bench.KINDS if k != "report")
+              + "; report renders BENCHMARKS.md"),
     "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),
     "info": ("ssdmpi.info", "versions, MPI library and thread level, array backend, CUDA-awareness"),
     "ckpt": ("ssdmpi.checkpoint_cli", "inspect and verify checkpoints"),
@@ -87,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name, (module_name, help_text, *runner) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
+        help_text = help_text(module) if callable(help_text) else help_text
+        p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(run=functools.partial(_run, runner[0]) if runner else module.run)
     return parser
