@@ -47,6 +47,8 @@ from ssdmpi.config import add_arguments as _add_config_arguments
 
 EPILOG = """\
 settings: dataclass defaults < --preset (default: default) < --config FILE < flags.
+output: the opening lines, one line per evaluation, notes, the summary; --log-every N adds a line every
+  N steps (--no-progress-bar too, instead of a bar); a progress bar only where stdout is a terminal.
 run directory: config.yaml, metrics.jsonl, checkpoints/ckpt-<step>/ (last, best), summary.txt/.json,
   steps.csv/evals.csv (--csv), tensorboard/ (--tensorboard).
 exit codes: 0 done; 2 bad input; 3 diverged (last good checkpoint kept);
