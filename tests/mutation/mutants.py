@@ -29,6 +29,7 @@ class Mutant:
 STORE, SHARDED, WRITER = "ssdmpi/checkpoint/store.py", "ssdmpi/checkpoint/sharded.py", "ssdmpi/checkpoint/writer.py"
 RESIZE, ASGD, AUTO = "ssdmpi/algos/resize.py", "ssdmpi/algos/asgd.py", "ssdmpi/algos/auto_delay.py"
 DELTA_MERGE = "ssdmpi/algos/rules/delta_merge.py"
+SGD = "ssdmpi/optim/optimizers/sgd.py"          # delta-merge's momentum merge (SGD's merge_mean_step)
 
 UNIT_CKPT = "tests/unit/test_checkpoint.py"
 MPI_WRITER = "tests/mpi/test_checkpoint_writer.py"
@@ -108,15 +109,15 @@ MUTANTS = [
            "        for k in range(max(amortising(dd), dd), hi + 1):",
            "        for k in range(max(amortising(dd), dd), hi):",
            ("tests/unit/test_auto_delay.py",), (MPI_AUTO, "-k", "delay_max")),
-    # --- algos/rules/delta_merge.py: the merge, the momentum merge, the post ----------------------------------
+    # --- algos/rules/delta_merge.py and its optimizer: the merge, the momentum merge, the post ---------
     Mutant("delta_merge: the first merge (at m = k - 1 + d) skipped", DELTA_MERGE,
            "if since_post >= st.k and since_post % st.k == 0:", "if since_post > st.k and since_post % st.k == 0:",
            ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
-    Mutant("delta_merge: the momentum merge adds the mean displacement, not the mean step", DELTA_MERGE,
-           "            self.U += mean * (a / self.st.k)", "            self.U += mean * a",
+    Mutant("delta_merge: the momentum merge adds the mean displacement, not the mean step", SGD,
+           "            velocity += mean * (share / k)", "            velocity += mean * share",
            ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
-    Mutant("delta_merge: the momentum merge keeps the share a of the own velocity instead of 1 - a", DELTA_MERGE,
-           "            xp.multiply(self.U, 1.0 - a, out=self.U)", "            xp.multiply(self.U, a, out=self.U)",
+    Mutant("delta_merge: the momentum merge keeps the share a of the own velocity instead of 1 - a", SGD,
+           "multiply(velocity, 1.0 - share, out=velocity)", "multiply(velocity, share, out=velocity)",
            ALGOS_DELTA_MERGE, ALGOS_DELTA_MERGE),
     Mutant("delta_merge: the period's sum posted one iteration early", DELTA_MERGE,
            "        if (m + 1) % st.k == 0:\n            D = self._acc",
