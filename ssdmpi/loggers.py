@@ -12,7 +12,7 @@ Python writes them (floats round-trip exactly, as in the JSON), a missing value 
 NaN/inf as an empty cell, text as is. On every start the tables are rebuilt from
 ``metrics.jsonl`` (which resume has already trimmed to the checkpoint's step), so a resumed
 run has one header, no duplicate and no lost row, even if earlier parts ran without
-``--csv``.
+``--csv``. ``metrics.jsonl`` is read by ``ssdmpi/rundir.py`` (its rule for a line cut short).
 
 ``--tensorboard``: event files in ``RUN/tensorboard/`` (``tensorboard --logdir RUN``), written
 by tensorboardX (``pip install 'ssdmpi[tensorboard]'``; no PyTorch needed): every number of a
@@ -33,7 +33,11 @@ import json
 import math
 import os
 
+from ssdmpi import rundir
 from ssdmpi.errors import UserError
+
+# The trainer (``ssdmpi/run/``) reads the records through these names: ``ssdmpi/rundir.py``'s reader.
+record_lines, read_records = rundir.record_lines, rundir.read_records
 
 CSV_FILES = {"step": "steps.csv", "eval": "evals.csv"}
 LEAD_COLUMNS = ("step", "epoch", "stage", "time", "train_s")
@@ -142,7 +146,7 @@ class CsvLog:
 
     def __init__(self, run_dir: str):
         past = {kind: [] for kind in CSV_FILES}
-        for record in read_records(os.path.join(run_dir, "metrics.jsonl")):
+        for record in rundir.read_records(rundir.metrics_path(run_dir)):
             if record.get("kind") in past:
                 past[record["kind"]].append(record)
         self.tables = {kind: CsvTable(os.path.join(run_dir, name), past[kind]) for kind, name in CSV_FILES.items()}
@@ -155,26 +159,6 @@ class CsvLog:
     def close(self) -> None:
         for table in self.tables.values():
             table.close()
-
-
-def record_lines(path: str):
-    """``(line, record)`` for each line of a ``metrics.jsonl`` that holds a record (none if there is no
-    file; a line cut short, as a crash leaves it, is skipped)."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield line, record
-
-
-def read_records(path: str) -> list[dict]:
-    """The records of a ``metrics.jsonl`` ([] if there is none; a line cut short is skipped)."""
-    return [record for _, record in record_lines(path)]
 
 
 # ---------------------------------------------------------------------------- TensorBoard

@@ -47,7 +47,7 @@ def png_size(path):
 
 
 def test_reader_classifies_steps_and_evaluations(tmp_path):
-    from ssdmpi.plot import load_run
+    from ssdmpi.rundir import load_run
 
     run = load_run(write_run(tmp_path / "r", algo="ssd", k=5, comm="period", epochs=2, steps_per_epoch=10))
     assert len(run.steps) == 20 and len(run.evals) == 2
@@ -84,7 +84,8 @@ def test_throughput_figure_needs_runs_that_differ_in_k(tmp_path):
 
 
 def test_throughput_by_k_takes_the_steady_state_throughput(tmp_path):
-    from ssdmpi.plot import load_run, throughput_by_k
+    from ssdmpi.plot import throughput_by_k
+    from ssdmpi.rundir import load_run
 
     runs = [load_run(write_run(tmp_path / f"k{k}", algo="ssd", k=k, comm="period", sps=100.0 * k)) for k in (5, 1, 2)]
     runs.append(load_run(write_run(tmp_path / "s", algo="ssgd", sps=50.0)))
@@ -130,7 +131,7 @@ def test_corrupt_metrics_line_is_a_one_line_error_naming_the_line(tmp_path):
 
 
 def test_truncated_last_line_of_a_killed_run_is_skipped(tmp_path):
-    from ssdmpi.plot import load_run
+    from ssdmpi.rundir import load_run
 
     run = write_run(tmp_path / "run", epochs=1, steps_per_epoch=4)
     with open(run / "metrics.jsonl", "a") as f:
@@ -143,7 +144,7 @@ def test_truncated_last_line_of_a_killed_run_is_skipped(tmp_path):
 def configured_run(name, **config):
     from pathlib import Path
 
-    from ssdmpi.plot import Run
+    from ssdmpi.rundir import Run
 
     return Run(path=Path("runs") / name, config=config)
 
@@ -173,7 +174,8 @@ def test_legend_labels_stay_short_when_runs_share_their_settings():
 
 
 def test_figures_and_throughput_lines_use_the_labels(tmp_path):
-    from ssdmpi.plot import _accuracy_figure, _pyplot, load_run, throughput_by_k
+    from ssdmpi.plot import _accuracy_figure, _pyplot, throughput_by_k
+    from ssdmpi.rundir import load_run
 
     dirs = [write_run(tmp_path / f"s{seed}k{k}", algo="ssd", k=k, comm="period", sps=100.0 * k + seed)
             for seed in (0, 1) for k in (2, 5)]
@@ -198,7 +200,8 @@ def test_accuracy_and_loss_mark_the_end_of_the_warm_up_and_show_the_local_model(
     """A run whose warm-up is 5 steps (20 steps per epoch, 0.01 s per step) and whose evaluations
     carry rank 0's local model: a dash-dotted line at step 5 / epoch 0.25 / 0.05 s in the run's color,
     L dashed beside W; an ssgd run (no warm-up) gets no line."""
-    from ssdmpi.plot import WARMUP_END, _accuracy_figure, _loss_figure, _pyplot, load_run
+    from ssdmpi.plot import WARMUP_END, _accuracy_figure, _loss_figure, _pyplot
+    from ssdmpi.rundir import load_run
 
     ssd = write_run(tmp_path / "ssd", algo="ssd", k=5, comm="period", warmup_steps=5)
     lines = (ssd / "metrics.jsonl").read_text().splitlines()
@@ -261,7 +264,8 @@ SSD5 = {"algo": "ssd", "comm": "period", "delay": 5, "seed": 0, "model": "mlp", 
 
 
 def test_a_resumed_run_is_labelled_by_its_history_and_the_global_batch(tmp_path):
-    from ssdmpi.plot import legend_labels, load_run
+    from ssdmpi.plot import legend_labels
+    from ssdmpi.rundir import load_run
 
     # lr 0.05, resumed at 0.01 on half the ranks (the global batch of 64 kept: 16 per rank, then 32)
     resumed = load_run(write_parts(tmp_path / "resumed", [(4, dict(SSD5, lr=0.05, batch_size=16)),
@@ -281,7 +285,8 @@ def test_a_resumed_run_is_labelled_by_its_history_and_the_global_batch(tmp_path)
 def test_the_step_breakdown_tells_runs_of_one_algorithm_apart(tmp_path):
     """Three ssd runs at three learning rates (their breakdowns scaled by lr, so they differ): three
     bars, each labelled with its lr, and each bar as long as its run's step."""
-    from ssdmpi.plot import _breakdown_figure, _pyplot, load_run
+    from ssdmpi.plot import _breakdown_figure, _pyplot
+    from ssdmpi.rundir import load_run
 
     runs = [load_run(write_parts(tmp_path / f"lr{lr}", [(2, dict(SSD5, lr=lr, batch_size=16))]))
             for lr in (0.05, 0.1, 0.2)]
@@ -300,7 +305,8 @@ def test_the_step_breakdown_tells_runs_of_one_algorithm_apart(tmp_path):
 
 
 def test_the_accuracy_legend_is_beside_the_curves_not_over_them(tmp_path):
-    from ssdmpi.plot import _accuracy_figure, _pyplot, load_run
+    from ssdmpi.plot import _accuracy_figure, _pyplot
+    from ssdmpi.rundir import load_run
 
     runs = [load_run(write_run(tmp_path / "ssgd", algo="ssgd")),
             load_run(write_run(tmp_path / "ssd", algo="ssd", k=5, comm="period"))]
