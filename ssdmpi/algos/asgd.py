@@ -313,6 +313,9 @@ ASGD_RATE = Setting("asgd_rate", RATES[1], "asgd: the lr of each push: the globa
 
 
 def _check_servers(run, world_size) -> None:
+    if run.grad_clip and run.servers > 1:
+        raise UserError(f"--grad-clip needs the whole gradient's norm, and each of --servers {run.servers} holds a "
+                        "slice of it; use --servers 1 with --grad-clip")
     if world_size is not None and world_size <= run.servers:
         raise UserError(f"--algo asgd with --servers {run.servers} needs at least {run.servers + 1} ranks (the "
                         f"servers and at least one worker), got {world_size}; run more ranks or use fewer --servers")

@@ -223,7 +223,8 @@ class Algorithm(TrainingAlgorithm):
     def replicated(self) -> tuple:
         """Keys of ``state_dict()`` whose arrays are identical on every rank (a checkpoint stores
         them once, and resuming on another number of ranks keeps them exactly)."""
-        return ("W", *self.M.entries("M")) + (self._replicated_delay() if self.stage == "delay" else ())
+        return ("W", *(k for k, v in self.M.entries("M").items() if not isinstance(v, int))) + \
+            (self._replicated_delay() if self.stage == "delay" else ())
 
     def resized_state(self, ctx) -> tuple[dict, str]:
         """Collective: this rank's ``state_dict()`` from a checkpoint written by another number of

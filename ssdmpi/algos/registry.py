@@ -227,8 +227,8 @@ def default_text(name: str) -> str:
 
 class Run(dict):
     """An algorithm's settings as far as resolved, read as attributes (None when unset); ``spec``,
-    ``rule`` (its ``RuleSpec``, or None), ``given`` (the values asked for), ``applied`` (the settings
-    that apply)."""
+    ``rule`` (its ``RuleSpec``, or None), ``optimizer_spec`` (the ``OptimizerSpec``), ``given`` (the values
+    asked for), ``applied`` (the settings that apply)."""
 
     __getattr__ = dict.get
 
@@ -249,28 +249,42 @@ def _refusal(s: Setting, run: Run, value) -> str:
     return f"--{s.flag} applies only to {where(s.name)}" + (f" ({s.note})" if s.note else "") + "; drop it"
 
 
-def resolve(values: dict, world_size: int | None = None) -> Run:
+def resolve(values: dict, world_size: int | None = None, soft: dict | None = None) -> Run:
     """The algorithm's settings of ``values`` (field names; missing or None: unset) resolved: each
     checked, a setting given where it does not apply refused, the defaults of ``--algo`` and
     ``--optimizer`` filled in (a default that depends on the run, ``Setting.derive``, once ``world_size``
-    is known). ``UserError`` (one line) on any of it. Returns the ``Run``: the ``RESOLVED`` settings,
-    ``spec``, ``rule``, ``applied`` (those that apply)."""
+    is known). ``UserError`` (one line) on any of it. ``soft``: ``{setting: where it came from}`` for the
+    values the user did not give on this command line (a preset, a config file, a checkpoint's config):
+    one of those that does not apply is left out instead, with a line in ``run.notes``. Returns the
+    ``Run``: the ``RESOLVED`` settings, ``spec``, ``rule``, ``applied`` (those that apply), ``notes`` and
+    ``dropped`` (the settings left out).
+
+    This is the one resolution of a run's algorithm settings: ``ssdmpi train`` and ``ssdmpi.train`` call
+    it once per start (``ssdmpi/config/``), everything after it reads the frozen config it made."""
+    soft = soft or {}
     spec = algorithm(values.get("algo", ALGO.default))
     for name in CHECKED:
         SETTINGS[name].validate(values.get(name))
     run = Run({k: values.get(k, SETTINGS[k].default) for k in ("algo", "lr", "warmup_steps")}, spec=spec,
-              given=values, applied=set())
+              given=values, applied=set(), notes=[], dropped=set())
+
+    def refuse(name: str, value, message: str) -> None:
+        if name not in soft:
+            raise UserError(message)
+        run.dropped.add(name)
+        run.notes.append(f"{soft[name]}: {name}: {value} left out ({message.removesuffix('; drop it')})")
+
     for name in RESOLVED:
         s, given = SETTINGS[name], values.get(name)
         if name in spec.fixed:
             if given is not None and given != spec.fixed[name]:
                 fixed = " ".join(f"--{flag_name(k)} {v}" for k, v in spec.fixed.items())
-                raise UserError(f"--algo {spec.name} is {spec.variant_of} with {fixed}; got --{s.flag} {given} "
-                                f"(use --algo {spec.variant_of} for that)")
+                refuse(name, given, f"--algo {spec.name} is {spec.variant_of} with {fixed}; got --{s.flag} {given} "
+                                    f"(use --algo {spec.variant_of} for that)")
             run[name] = spec.fixed[name]
         elif (not spec.uses(name) and not _universal(spec, name)) or (s.applies is not None and not s.applies(run)):
             if given is not None:
-                raise UserError(_refusal(s, run, given))
+                refuse(name, given, _refusal(s, run, given))
             run[name] = None
             continue
         else:
@@ -280,16 +294,38 @@ def resolve(values: dict, world_size: int | None = None) -> Run:
         run.applied.add(name)
         if name == RULE_SELECTOR:
             run["rule"] = RULES.get(run.period_rule)
+        elif name == OPTIMIZER_SELECTOR.name:
+            run["optimizer_spec"] = OPTIMIZERS.get(run.optimizer)
     auto = run.rule.auto_chooses if run.delay == "auto" and run.rule is not None else None
     if auto and values.get(auto) is None:
         run[auto] = None        # chosen with k at the switch (ssdmpi/algos/auto_delay.py)
+    _derive(run, world_size)
+    if spec.check is not None:
+        spec.check(run, world_size)
+    return run
+
+
+def _derive(run: Run, world_size: int | None) -> None:
     for name in RESOLVED:
         s = SETTINGS[name]
         if s.derive is not None and run[name] is None and name in run.applied:
             run[name] = s.derive(run, world_size)
-    if spec.check is not None:
-        spec.check(run, world_size)
-    return run
+
+
+def complete(values: dict, world_size: int) -> dict:
+    """``values`` (settings ``resolve`` has resolved, lengths now in steps) completed for a run on
+    ``world_size`` ranks: the defaults that depend on the run (``Setting.derive``) filled in where they
+    apply, and each applying setting's checks against the others (``context_check``: ``--delay auto``'s
+    warm-up, now in steps) made again. Not a resolution: nothing is refused, dropped or defaulted."""
+    spec = ALGORITHMS[values["algo"]]
+    run = Run(values, spec=spec, given=values, notes=[], rule=RULES.get(values.get(RULE_SELECTOR)))
+    run["applied"] = {n for n in RESOLVED if n in spec.fixed or _universal(spec, n) or spec.uses(n)
+                      and (SETTINGS[n].applies is None or SETTINGS[n].applies(run))}
+    for name in sorted(run.applied):
+        if SETTINGS[name].context_check is not None:
+            SETTINGS[name].context_check(run)
+    _derive(run, world_size)
+    return {n: run[n] for n in RESOLVED}
 
 
 def predating_values(old: dict) -> dict:
@@ -311,7 +347,8 @@ def _algo_config_fields() -> list:
     skip = {WARMUP_EPOCHS.name, LR_WARMUP_EPOCHS.name}
     return [(n, object, dataclasses.field(default=None if n in RESOLVED else s.default))
             for n, s in SETTINGS.items() if n not in skip] + \
-        [("lr_warmup_steps", int, dataclasses.field(default=0)), ("total_steps", object, None)]
+        [("lr_warmup_steps", int, dataclasses.field(default=0)), ("total_steps", object, None),
+         ("resolved", bool, dataclasses.field(default=False, compare=False))]
 
 
 class _AlgoConfigMethods:
@@ -323,7 +360,8 @@ class _AlgoConfigMethods:
     local lr (``glu-paper``, ``sgd``) is ``local_lr * factor(t)`` where ``factor`` is the global
     schedule's shape at iteration ``t``, unless ``local_lr_schedule`` is given: then it is that
     schedule (base ``local_lr``) at the local-update counter ``m``. Settings left None are the
-    algorithm's to choose (``validate`` fills them in).
+    algorithm's to choose (``validate`` fills them in). ``resolved``: made from a resolved run's config
+    (``ssdmpi/config/``): ``build_algorithm`` does not resolve it again.
     """
 
     def validate(self, world_size: int | None = None):
@@ -331,7 +369,7 @@ class _AlgoConfigMethods:
         if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
             raise UserError(f"lr warm-up must be an integer number of steps >= 0, got {self.lr_warmup_steps!r}")
         run = resolve(dataclasses.asdict(self), world_size)
-        resolved = dataclasses.replace(self, **{n: run[n] for n in RESOLVED})
+        resolved = dataclasses.replace(self, **{n: run[n] for n in RESOLVED}, resolved=True)
         resolved.global_schedule()
         resolved.local_schedule()
         return resolved
@@ -352,6 +390,7 @@ class _AlgoConfigMethods:
     def to_dict(self) -> dict:
         """Plain mapping (schedule dicts are rendered with ``repr`` so every value is a scalar)."""
         d = dataclasses.asdict(self)
+        del d["resolved"]
         for key in ("lr_schedule", "local_lr_schedule"):
             if isinstance(d[key], dict):
                 d[key] = repr(sorted(d[key].items()))
@@ -376,7 +415,7 @@ def build_optimizer(cfg, mask):
 
 def build_algorithm(config, model, communicator):
     """The algorithm ``config.algo`` on ``model`` (the API: ``ssdmpi/algos/__init__.py``)."""
-    cfg = config.validate(world_size=communicator.size)
+    cfg = config if config.resolved else config.validate(world_size=communicator.size)
     spec = ALGORITHMS[cfg.algo]
     rule = RULES.get(cfg.period_rule) if cfg.period_rule is not None else None
     parts = Parts(optimizer=build_optimizer(cfg, model.flat.decay_mask()), rule=rule,

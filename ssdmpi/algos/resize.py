@@ -18,8 +18,9 @@ What happens to each part of the state (docs/ALGORITHM.md section 6):
   flight; its end posts the displacement made since the resume. A delta-merge sum in flight
   mid-delay (posted, not yet merged) is the held ``Rp``: merged now; its merge iteration then has
   nothing to add;
-- **asgd** (``asgd``): the servers' ``W`` and ``M`` are kept exactly (the servers, hence their
-  shards, are the same), every worker starts from a fresh pull of ``W``, and the staleness
+- **asgd** (``asgd``): the servers' ``W`` and optimizer state (every part of ``M_shard``: momentum
+  SGD's velocity, AdamW's ``m``, ``v`` and ``count``) are kept exactly (the servers, hence their shards,
+  are the same), every worker starts from a fresh pull of ``W``, and the staleness
   counters restart (``version = s``, ``pushes = t``).
 
 ``ctx`` is ``ssdmpi/checkpoint/load.py``'s ``OldRanks``: ``ctx.values(group)`` (old rank 0's
@@ -86,9 +87,9 @@ def asgd(algo, ctx) -> tuple[dict, str]:
     if algo.is_server:
         part = algo.shards[algo.j]
         old = old_workers + algo.j      # the old rank of the same server
-        state.update(W_shard=W[part].copy(), M_shard=ctx.of_rank(old, "algo/M_shard"),
-                     shard=ctx.of_rank(old, "algo/shard"), version=np.full(algo.K, s, dtype=np.int64),
-                     pushes=np.full(algo.K, t, dtype=np.int64))
+        state.update({key: ctx.of_rank(old, f"algo/{key}") for key in algo.Mj.entries("M_shard")})
+        state.update(W_shard=W[part].copy(), shard=ctx.of_rank(old, "algo/shard"),
+                     version=np.full(algo.K, s, dtype=np.int64), pushes=np.full(algo.K, t, dtype=np.int64))
     else:
         state["L"] = W.copy()
     return state, ("servers' W and M kept exactly; every worker starts from a fresh pull of W; "

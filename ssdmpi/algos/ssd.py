@@ -288,6 +288,16 @@ def _local_update_refusal(run) -> str:
             + ("; it is for --comm step: add --comm step" if add_comm else "; drop it"))
 
 
+def _fits_the_optimizer(run) -> None:
+    """glu-paper and sgd are plain SGD steps of their own (ALGORITHM.md 4a, 4c), not the inner optimizer's:
+    they fit between the global steps of an optimizer that allows them (``Optimizer.plain_local_updates``)."""
+    spec = run.optimizer_spec
+    if run.local_update in LOCAL_LR_UPDATES and spec is not None and not spec.implementation.plain_local_updates:
+        raise UserError(f"--local-update {run.local_update} is a plain SGD step of its own and does not fit "
+                        f"--optimizer {run.optimizer}'s global steps; use --local-update global-momentum (the "
+                        f"{run.optimizer} step with the global state), or --optimizer sgd")
+
+
 def _with_local_update(registry) -> str:
     return "--comm step or " + registry.or_(f"--period-rule {r}" for r, s in registry.RULES.items()
                                             if s.uses_local_update)
@@ -300,7 +310,7 @@ PERIOD_RULE = Setting("period_rule", None, "update rule of --comm period", metav
                       applies=lambda run: run.comm == "period", where="--algo ssd --comm period", structural=True)
 LOCAL_UPDATE = Setting("local_update", "global-momentum", "local update of the delay stage", choices=LOCAL_UPDATES,
                        group=ALGORITHM, applies=_uses_local_update, refusal=_local_update_refusal, structural=True,
-                       where=_with_local_update)
+                       where=_with_local_update, context_check=_fits_the_optimizer)
 LOCAL_LR = Setting("local_lr", None, "local learning rate of --local-update glu-paper and sgd", float,
                    functools.partial(number, low=0.0, strict=True), group=ALGORITHM,
                    applies=lambda run: run.local_update in LOCAL_LR_UPDATES,

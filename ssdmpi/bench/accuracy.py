@@ -76,11 +76,11 @@ BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]]
 DEFAULT_VARIANTS = registry.accuracy_defaults()
 DEFAULT_EPOCHS = "mlp=3,lenet5=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
-SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "momentum", "weight_decay",
+SETTINGS = ("dataset", "lr", "batch_size", "epochs", "warmup_steps", "optimizer", "momentum", "weight_decay",
             "train_subset", "seed", "tail")
 FIELDS = ("model", "N", "variant", "k") + SETTINGS + ("steps", "acc_W", "acc_W_noflush", "acc_W_tail", "seconds")
 # Fields a results.csv written before they existed lacks, and what such a row means by them.
-ADDED_FIELDS = {"tail": "0", "acc_W_tail": ""}
+ADDED_FIELDS = {"tail": "0", "acc_W_tail": "", "optimizer": registry.DEFAULT_OPTIMIZER}
 
 
 def add_arguments(parser) -> None:
@@ -94,10 +94,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--data-path", default=None, metavar="PATH", help="dataset directory or file")
     parser.add_argument("--lr", action=CommaList, default="0.02", metavar="LR1,LR2",
                         help="global learning rates, constant (default %(default)s)")
-    parser.add_argument("--momentum", type=float, default=registry.SETTINGS["momentum"].default,
-                        help="momentum mu (default %(default)s, as ssdmpi train)")
-    parser.add_argument("--weight-decay", type=float, default=registry.default_value("weight_decay"),
-                        help="weight decay lambda (default %(default)s, as ssdmpi train)")
+    parser.add_argument("--optimizer", default=registry.DEFAULT_OPTIMIZER, choices=tuple(registry.OPTIMIZERS),
+                        help="inner optimizer, its other settings at their defaults (default %(default)s)")
+    parser.add_argument("--momentum", type=float, default=None,
+                        help=f"momentum mu of --optimizer sgd (default {registry.SETTINGS['momentum'].default}, "
+                             "as ssdmpi train)")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help=f"weight decay lambda (default: the optimizer's, as ssdmpi train: "
+                             f"{registry.default_text('weight_decay')})")
     parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default %(default)s)")
     parser.add_argument("--epochs", default=DEFAULT_EPOCHS, metavar="E|M=E,...",
                         help="epochs, one number or per model (default %(default)s); fractions allowed")
@@ -162,7 +166,14 @@ def parse(args) -> tuple[list[dict], dict]:
     epochs = _epochs(args.epochs, models)
     lrs = parse_list(args.lr, "--lr", float, minimum=0, strict=True)
     seeds = parse_list(args.seed, "--seed", int, minimum=0)
-    if not 0 <= args.momentum < 1:
+    takes_momentum = any(s.name == "momentum" for s in registry.OPTIMIZERS[args.optimizer].settings)
+    if args.momentum is not None and not takes_momentum:
+        raise UserError(f"--momentum applies only to {registry.where('momentum')}; drop it")
+    if args.momentum is None and takes_momentum:
+        args.momentum = registry.SETTINGS["momentum"].default
+    if args.weight_decay is None:
+        args.weight_decay = registry.default_value("weight_decay", args.optimizer)
+    if args.momentum is not None and not 0 <= args.momentum < 1:
         raise UserError(f"--momentum must be in [0, 1), got {args.momentum}")
     if args.weight_decay < 0:
         raise UserError(f"--weight-decay must be >= 0, got {args.weight_decay}")
@@ -182,7 +193,8 @@ def parse(args) -> tuple[list[dict], dict]:
     if args.no_run and not args.resume:
         raise UserError("--no-run renders the rows a sweep already has: give it with --out DIR --resume")
     settings = dict(dataset=args.dataset, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
-                    momentum=args.momentum, weight_decay=args.weight_decay, train_subset=args.train_subset or 0,
+                    optimizer=args.optimizer, momentum="" if args.momentum is None else args.momentum,
+                    weight_decay=args.weight_decay, train_subset=args.train_subset or 0,
                     tail=args.tail)
     configs = []
     # Model-major (the cheaper model first on the command line gets its whole table first), then
@@ -194,7 +206,7 @@ def parse(args) -> tuple[list[dict], dict]:
                 for k in k_order:
                     for n in ranks:
                         for v in variants:
-                            if (v in NO_DELAY and k != k_order[0]) or not _runs_at(v, k):
+                            if (v in NO_DELAY and k != k_order[0]) or not _runs_at(v, k, args.optimizer):
                                 continue
                             configs.append(dict(model=model, N=n, variant=v, k=0 if v in NO_DELAY else k,
                                                 epochs=epochs[model], lr=lr, seed=seed, **settings))
@@ -233,10 +245,11 @@ def _known(variant: str) -> bool:
     return True
 
 
-def _runs_at(variant: str, k: int) -> bool:
-    """``ssdmpi train`` takes ``variant`` at period ``k`` (``period/delta-merge:d=3`` does not at ``k = 2``)."""
+def _runs_at(variant: str, k: int, optimizer: str | None = None) -> bool:
+    """``ssdmpi train`` takes ``variant`` at period ``k`` with ``optimizer`` (``period/delta-merge:d=3`` does not
+    at ``k = 2``)."""
     try:
-        registry.resolve({**variant_settings(variant, k), "warmup_steps": 0})
+        registry.resolve({**variant_settings(variant, k), "warmup_steps": 0, "optimizer": optimizer})
     except UserError:
         return False
     return True
@@ -301,8 +314,10 @@ def _simulate_config(cfg: dict, data_path: str | None) -> dict:
     loaders = [ShardedLoader(x, y, cfg["batch_size"], r, n, cfg["seed"]) for r in range(n)]
     steps = max(1, int(round(cfg["epochs"] * loaders[0].steps_per_epoch)))
     algo = variant_settings(cfg["variant"], cfg["k"])
-    config = AlgoConfig(lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"],
-                        warmup_steps=cfg["warmup_steps"], **algo)
+    optimizer = cfg.get("optimizer") or registry.DEFAULT_OPTIMIZER
+    momentum = {} if cfg["momentum"] in ("", None) else {"momentum": cfg["momentum"]}
+    config = AlgoConfig(lr=cfg["lr"], optimizer=optimizer, weight_decay=cfg["weight_decay"],
+                        warmup_steps=cfg["warmup_steps"], **momentum, **algo)
     at = set(tail_iterations(steps, cfg["tail"]))
     tail = []
 
@@ -455,7 +470,9 @@ def _typed(value):
 
 def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pending: int) -> str:
     settings = (f"dataset {args.dataset}, batch {args.batch_size} per worker, constant lr, "
-                f"momentum {args.momentum}, weight decay {args.weight_decay}, warm-up {args.warmup_steps} "
+                f"optimizer {args.optimizer}"
+                + (f", momentum {args.momentum}" if args.momentum is not None else "")
+                + f", weight decay {args.weight_decay}, warm-up {args.warmup_steps} "
                 f"iterations, epochs {', '.join(f'{m} {e:g}' for m, e in epochs.items())}, "
                 f"train subset {args.train_subset or 'all'}, seeds {', '.join(map(str, seeds))}")
     what = ("mean over the seeds [difference to ssgd of the row, paired by seed, mean] (min..max over the seeds)"

@@ -130,10 +130,11 @@ class Plan:
                 raise ValueError(f"fused update needs 1-D contiguous {self.dtype} buffers of {self.n} elements, "
                                  f"got {b.dtype} {b.shape} (contiguous: {b.flags.c_contiguous})")
 
-    def kernel(self, name: str):
-        """The GPU kernel ``name`` of ``KERNELS``, built on first use."""
+    def kernel(self, name: str, definition: tuple | None = None):
+        """The GPU kernel ``name`` of ``KERNELS`` (or ``definition``, its ``(in_params, out_params,
+        body)``, for a kernel defined in another module), built on first use."""
         if name not in _built:
-            k = backend.elementwise(name, *KERNELS[name])
+            k = backend.elementwise(name, *(definition or KERNELS[name]))
             if k is None:
                 raise RuntimeError(f"fused update {name}: buffers are on a GPU but CuPy is not usable")
             _built[name] = k

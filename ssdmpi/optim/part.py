@@ -11,12 +11,16 @@ set of weights it steps (the global ``W``; a rank's local ``L``), and calls:
 - ``update_read_only(params, state, grads, lr)``: the step ``state`` would give ``params`` with
   these gradients, the state left as it is (a local step that follows the global optimizer's state:
   ``--local-update global-momentum``);
-- ``merge_mean_step(state, mean, share, k)``: at a period rule's merge, ``share`` of the state
-  replaced by what the ranks' mean displacement ``mean`` over ``k`` steps says (``--merge-momentum``);
-  an optimizer whose spec has ``merges = False`` has none;
+- ``merge_mean_step(state, mean, share, k, lr, params)``: at a period rule's merge, ``share`` of the
+  state replaced by what the ranks' mean displacement ``mean`` over ``k`` steps says (``--merge-momentum``;
+  ``lr`` the rate of the last step, ``params`` the rank's weights before the merge); an optimizer whose
+  spec has ``merges = False`` has none;
 - ``local_form()``: the same optimizer in the operation order of the per-rank steps of the period
   rules (docs/PERIOD_RULE.md 3), for an optimizer that has two; else itself;
 - ``sliced(sl)``: the same optimizer on a slice of the buffers (asgd's parameter servers).
+
+``plain_local_updates``: the plain-SGD local updates of ``--comm step`` (``glu-paper``, ``sgd``: formulas of
+their own, not the optimizer's) fit between its global steps (False: ``--local-update`` refuses them).
 
 ``mask`` is the model's weight-decay mask (``model.flat.decay_mask()``: 1 on weights, 0 on biases,
 norms and embeddings). ``poll`` (settable) is called every few MB of a pass: the progress hook of a
@@ -89,6 +93,7 @@ class Optimizer:
     settings from keyword arguments and implement ``init``, ``update`` and ``update_read_only``."""
 
     poll = None
+    plain_local_updates = True
 
     def __init__(self, mask, **settings):
         self.mask, self.settings = mask, dict(settings)
@@ -102,7 +107,8 @@ class Optimizer:
     def update_read_only(self, params, state: OptState, grads, lr: float) -> None:
         raise NotImplementedError
 
-    def merge_mean_step(self, state: OptState, mean, share: float, k: int) -> None:
+    def merge_mean_step(self, state: OptState, mean, share: float, k: int, lr: float | None = None,
+                        params=None) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no momentum merge")
 
     def local_form(self) -> Optimizer:

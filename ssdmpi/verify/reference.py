@@ -34,6 +34,91 @@ from ssdmpi.algos.registry import ALGORITHMS, RULES
 from ssdmpi.spec import load
 
 
+class SGDTwin:
+    """``--optimizer sgd`` (ALGORITHM.md 3): a state is the velocity (an array). Every method returns new
+    arrays and never writes into one (``Simulation.finalized_W`` relies on it)."""
+
+    def __init__(self, c, mask):
+        self.mu, self.lam, self.mask = c.momentum, c.weight_decay, mask
+
+    def init(self, W):
+        return np.zeros_like(W)
+
+    def step(self, W, M, G, eta):
+        """``M <- mu*M - eta*(lam*mask*W + G); W <- W + M``: ``(W, M)``."""
+        M = self.mu * M - eta * (self.lam * (self.mask * W) + G)
+        return W + M, M
+
+    def local_step(self, L, U, g, eta):
+        """The per-rank order of the period rules: ``U <- mu*U - eta*lam*mask*L - eta*g; L <- L + U``."""
+        U = self.mu * U - eta * self.lam * self.mask * L - eta * g
+        return L + U, U
+
+    def read_only(self, L, M, g, eta):
+        """4b: ``L <- (L + mu*M) - eta*(lam*mask*L + g)``."""
+        return (L + self.mu * M) - eta * (self.lam * (self.mask * L) + g)
+
+    def merge(self, U, mean, a, k, eta, L):
+        """``U <- U*(1 - a) + mean*(a/k)``."""
+        return U * (1.0 - a) + mean * (a / k)
+
+
+class AdamWTwin:
+    """``--optimizer adamw``, written from PyTorch's AdamW (ALGORITHM.md 14): a state is ``{"m", "v",
+    "count"}``, a new dict at every step (never written into). With ``c`` the count after the step::
+
+        g <- g * min(1, C/(sqrt(g.g) + 1e-6))             (--grad-clip C > 0)
+        W <- W*(1 - eta*lam) where mask is 1
+        m <- m + (g - m)*(1 - b1);  v <- v*b2 + (g*g)*(1 - b2)
+        W <- W + (m*(-(eta/(1 - b1^c)))) / (sqrt(v)/(1 - b2^c)^0.5 + eps)
+    """
+
+    def __init__(self, c, mask):
+        self.b1, self.b2, self.eps, self.lam, self.clip = c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip
+        self.mask = mask
+
+    def init(self, W):
+        return {"m": np.zeros_like(W), "v": np.zeros_like(W), "count": 0}
+
+    def _clipped(self, g):
+        if not self.clip:
+            return g
+        scale = min(1.0, self.clip / (float(np.sqrt(float(np.dot(g, g)))) + 1e-6))
+        return g * scale if scale < 1.0 else g
+
+    def _moved(self, W, st, g, eta):
+        """``(W after the step, the new state)``."""
+        g = self._clipped(g)
+        c = st["count"] + 1
+        W = np.where(self.mask == 1, W * (1 - eta * self.lam), W)
+        m = st["m"] + (g - st["m"]) * (1 - self.b1)
+        v = st["v"] * self.b2 + (g * g) * (1 - self.b2)
+        denom = np.sqrt(v) / (1 - self.b2 ** c) ** 0.5 + self.eps
+        return W + (m * -(eta / (1 - self.b1 ** c))) / denom, {"m": m, "v": v, "count": c}
+
+    def step(self, W, st, G, eta):
+        return self._moved(W, st, G, eta)
+
+    local_step = step
+
+    def read_only(self, L, st, g, eta):
+        return self._moved(L, st, g, eta)[0]
+
+    def merge(self, st, mean, a, k, eta, L):
+        """``m <- m*(1 - a) + a*est``: ``est`` the first moment whose step is the mean step ``mean/k``
+        (less the decoupled decay), with this rank's ``v``: ``-(mean/(k*eta) + lam*mask*L)*(sqrt(v)/
+        sqrt(bc2) + eps)*bc1``."""
+        c = st["count"]
+        if not a or not eta or c == 0:
+            return st
+        denom = np.sqrt(st["v"]) / (1 - self.b2 ** c) ** 0.5 + self.eps
+        est = ((mean / (k * eta)) + (L * self.mask) * self.lam) * denom * -(1 - self.b1 ** c)
+        return {"m": st["m"] * (1 - a) + est * a, "v": st["v"], "count": c}
+
+
+OPTIMIZER_TWINS = {"sgd": SGDTwin, "adamw": AdamWTwin}
+
+
 class Simulation:
     """``N`` simulated workers running ``config`` (an ``AlgoConfig``) step by step."""
 
@@ -52,11 +137,12 @@ class Simulation:
                 raise ValueError(f"need {self.N} loaders, got {len(loaders)}")
             self._batch = lambda r, t: loaders[r].next_batch()
         self.mu, self.lam, self.k = c.momentum, c.weight_decay, c.delay
+        self.opt = OPTIMIZER_TWINS[c.optimizer](c, self.mask)
         spec = ALGORITHMS[c.algo]
         self.T_w = c.warmup_steps if spec.delay_stage else None
         self.twin = load(spec.reference(c, RULES.get(c.period_rule)))(self) if spec.delay_stage else None
         self.W = np.array(self.model.params, copy=True)
-        self.M = np.zeros_like(self.W)
+        self.M = self.opt.init(self.W)
         self.L = self.P = self.V = self.U = self.S = self.A = None
         self.pending = None
         self.t = self.s = 0
@@ -91,10 +177,9 @@ class Simulation:
         return xs[0] / self.N if self.N > 1 else xs[0]
 
     def _global_update(self, G):
-        """ALGORITHM.md 3: ``M <- mu*M - eta_g(s)*(lam*mask*W + G); W <- W + M; s += 1``."""
-        eta = self.sched(self.s)
-        self.M = self.mu * self.M - eta * (self.lam * (self.mask * self.W) + G)
-        self.W = self.W + self.M
+        """ALGORITHM.md 3: the optimizer's step at ``eta_g(s)`` (momentum SGD: ``M <- mu*M - eta_g(s)*(lam*mask*W
+        + G); W <- W + M``); ``s += 1``."""
+        self.W, self.M = self.opt.step(self.W, self.M, G, self.sched(self.s))
         self.s += 1
 
     def _lr_local(self) -> float:
@@ -109,8 +194,8 @@ class Simulation:
         """ALGORITHM.md 4 on worker ``r``'s ``L`` with its own mean gradient ``g``."""
         c, L, lam, mask = self.cfg, self.L[r], self.lam, self.mask
         lr = self._lr_local()
-        if c.local_update == "global-momentum":            # 4b
-            self.L[r] = (L + self.mu * self.M) - lr * (lam * (mask * L) + g)
+        if c.local_update == "global-momentum":            # 4b: the optimizer's step with M read only
+            self.L[r] = self.opt.read_only(L, self.M, g, lr)
         elif c.local_update == "sgd":                      # 4c
             self.L[r] = L - lr * (lam * (mask * L) + g / self.N)
         else:                                              # 4a glu-paper
@@ -123,17 +208,16 @@ class Simulation:
             self.L[r] = L + delta
 
     def _momentum_step(self, r: int, g):
-        """Per-rank SGD with momentum (localsgd): ``V <- mu*V - eta_g(t)*(lam*mask*L + g); L <- L + V``."""
-        eta = self.sched(self.t)
-        self.V[r] = self.mu * self.V[r] - eta * (self.lam * (self.mask * self.L[r]) + g)
-        self.L[r] = self.L[r] + self.V[r]
+        """Per-rank optimizer steps (localsgd) at ``eta_g(t)``, in the global order (momentum SGD:
+        ``V <- mu*V - eta_g(t)*(lam*mask*L + g); L <- L + V``)."""
+        self.L[r], self.V[r] = self.opt.step(self.L[r], self.V[r], g, self.sched(self.t))
 
     def _switch(self):
         """ALGORITHM.md 1.2: ``L <- W`` on every worker; also ``P <- L`` (glu-paper), ``V <- M``
         (localsgd), ``U <- M`` and ``S <- L`` (delta-own)."""
         self.L = [self.W.copy() for _ in range(self.N)]
         self.P = [self.W.copy() for _ in range(self.N)]
-        self.V = [self.M.copy() for _ in range(self.N)]
+        self.V = [self.M.copy() for _ in range(self.N)]      # a state is never written into: copies suffice
         self.U = [self.M.copy() for _ in range(self.N)]
         self.S = [self.W.copy() for _ in range(self.N)]
         self.A = [None] * self.N
@@ -266,10 +350,9 @@ class DeltaOwnTwin(StepTwin):
 
     def local_step(self, grads):
         sim = self.sim
-        eta, lam, mu, mask = sim.sched(sim.t), sim.lam, sim.mu, sim.mask
+        eta = sim.sched(sim.t)
         for r, g in enumerate(grads):
-            sim.U[r] = mu * sim.U[r] - eta * lam * mask * sim.L[r] - eta * g
-            sim.L[r] = sim.L[r] + sim.U[r]
+            sim.L[r], sim.U[r] = sim.opt.local_step(sim.L[r], sim.U[r], g, eta)
 
     def step(self, grads, m):
         sim = self.sim
@@ -311,8 +394,8 @@ class DeltaMergeTwin(DeltaOwnTwin):
         self.local_step(grads)
         if (m + 1 - d) % k == 0 and m + 1 - d >= k:
             if a:
-                mean_step = sim.pending * (a / k)
-                sim.U = [U * (1.0 - a) + mean_step for U in sim.U]
+                eta = sim.sched(sim.t)
+                sim.U = [sim.opt.merge(U, sim.pending, a, k, eta, sim.L[r]) for r, U in enumerate(sim.U)]
             self.apply_pending()
             sim.L = [sim.W + (sim.L[r] - sim.S[r]) for r in range(sim.N)]
             sim.S = [sim.W.copy() for _ in range(sim.N)]
@@ -361,6 +444,7 @@ class ASGDSimulation:
         self.mask = np.asarray(self.model.flat.decay_mask())
         self.sched = c.global_schedule()
         self.mu, self.lam, self.T_w = c.momentum, c.weight_decay, c.warmup_steps
+        self.opt = OPTIMIZER_TWINS[c.optimizer](c, self.mask)
         if callable(batches):
             self._batch = batches
         else:
@@ -369,7 +453,7 @@ class ASGDSimulation:
                 raise ValueError(f"need {self.K} worker loaders, got {len(loaders)}")
             self._batch = lambda w, t: loaders[w].next_batch()
         self.W = np.array(self.model.params, copy=True)
-        self.M = np.zeros_like(self.W)
+        self.M = self.opt.init(self.W)
         self.L = [self.W.copy() for _ in range(self.K)]
         self.version = [0] * self.K
         self.t = self.s = 0
@@ -392,13 +476,12 @@ class ASGDSimulation:
         return loss, np.array(self.model.grads, copy=True)
 
     def _update(self, G, staleness: int = 0):
-        """The server's momentum SGD (ALGORITHM.md 3) at the lr of iteration ``t`` (with ``--asgd-rate
+        """The server's optimizer step (ALGORITHM.md 3) at the lr of iteration ``t`` (with ``--asgd-rate
         staleness``, divided by ``1 + staleness``)."""
         eta = self.sched(self.t)
         if self.cfg.asgd_rate == "staleness":
             eta = eta / (1 + staleness)
-        self.M = self.mu * self.M - eta * (self.lam * (self.mask * self.W) + G)
-        self.W = self.W + self.M
+        self.W, self.M = self.opt.step(self.W, self.M, G, eta)
         self.s += 1
 
     def step(self) -> list:

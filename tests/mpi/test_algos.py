@@ -88,16 +88,40 @@ CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-merge", delay=
                     total_steps=20))
 CONFIGS.append(dict(algo="localsgd", delay=2, lr_schedule={"kind": "step", "every": 4}))
 
+# --optimizer adamw with every algorithm and rule (its lr and weight decay; --grad-clip small enough to
+# clip most steps of the tiny MLP, on the averaged gradient of a global update and on a rank's own otherwise)
+ADAMW = dict(optimizer="adamw", lr=0.01)
+ADAMW_CONFIGS = [dict(algo="ssgd", **ADAMW), dict(algo="ssgd", grad_clip=0.3, **ADAMW), dict(algo="odsgd", **ADAMW)]
+for k in (1, 3):
+    ADAMW_CONFIGS.append(dict(algo="ssd", comm="step", delay=k, **ADAMW))
+    ADAMW_CONFIGS.append(dict(algo="ssd", comm="period", period_rule="replay", delay=k, **ADAMW))
+    ADAMW_CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-own", delay=k, **ADAMW))
+    for d in sorted({1, k}):
+        for a in (0.0, 1.0):
+            ADAMW_CONFIGS.append(dict(algo="ssd", comm="period", period_rule="delta-merge", delay=k, merge_delay=d,
+                                      merge_momentum=a, **ADAMW))
+    ADAMW_CONFIGS.append(dict(algo="localsgd", delay=k, **ADAMW))
+ADAMW_CONFIGS += [
+    dict(algo="ssd", comm="step", delay=2, grad_clip=0.3, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.05,
+         lr_schedule={"kind": "multistep", "milestones": [5, 9]}, **ADAMW),
+    dict(algo="ssd", comm="period", period_rule="replay", delay=2, grad_clip=0.3, lr_schedule="cosine", total_steps=14,
+         **ADAMW),
+    dict(algo="ssd", comm="period", period_rule="delta-own", delay=2, grad_clip=0.3, lr_schedule="poly",
+         total_steps=14, **ADAMW),
+    dict(algo="ssd", comm="period", period_rule="delta-merge", delay=3, merge_delay=2, merge_momentum=0.5,
+         grad_clip=0.3, lr_schedule="cosine", total_steps=20, **ADAMW),
+    dict(algo="localsgd", delay=2, grad_clip=0.3, lr_schedule={"kind": "step", "every": 4}, **ADAMW)]
+
 
 def cfg_id(d):
     return "-".join(f"{v}" if not isinstance(v, dict) else v["kind"] for v in d.values())
 
 
-@pytest.mark.parametrize("settings", CONFIGS, ids=cfg_id)
+@pytest.mark.parametrize("settings", CONFIGS + ADAMW_CONFIGS, ids=cfg_id)
 def test_reference_match(communicator, settings):
     """W and every rank's L equal the reference after every iteration (warm-up, switch, >= 4 periods)."""
     N, rank = communicator.size, communicator.rank
-    cfg = AlgoConfig(warmup_steps=3, lr=0.05, **settings)
+    cfg = AlgoConfig(**{"warmup_steps": 3, "lr": 0.05, **settings})
     k = cfg.validate(N).delay or 1
     steps = 3 + 4 * k + 2            # warm-up, switch, four periods and part of a fifth
     x, y = dataset()
@@ -123,6 +147,10 @@ def test_reference_match(communicator, settings):
     sim.finalize()
     assert algo.s == sim.s
     assert_same(algo.global_weights(), sim.W, exact, "W after finalize")
+    if settings.get("optimizer") == "adamw":          # the global state too: m, v and the integer count
+        assert algo.M["count"] == sim.M["count"]
+        assert_same(algo.M["m"], sim.M["m"], exact, "m")
+        assert_same(algo.M["v"], sim.M["v"], exact, "v")
 
 
 @pytest.mark.parametrize("settings", [dict(algo="ssd", comm="step", local_update="glu-paper"),

@@ -57,7 +57,9 @@ class DeltaMerge(DeltaOwn):
     def _merge_momentum(self, mean) -> None:
         """``a`` (``--merge-momentum``) of the local optimizer state replaced by the mean step ``mean/k``."""
         if self.merge_momentum:
-            self.optimizer.merge_mean_step(self.U, mean, self.merge_momentum, self.st.k)
+            st = self.st
+            self.optimizer.merge_mean_step(self.U, mean, self.merge_momentum, st.k, lr=st.schedule(st.counts.t),
+                                           params=st.L)
 
 
 def _within_the_period(run) -> None:

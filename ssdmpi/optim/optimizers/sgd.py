@@ -86,8 +86,9 @@ class MomentumSGD(Optimizer):
         ``a = L*decay; a = a + g; a = a*lr; L = L + M*mu; L = L - a`` (``a`` from the old ``L``)."""
         self._fused.momentum_sgd_read_only(self._plans[1], params, grads, state["velocity"], lr, self.mu)
 
-    def merge_mean_step(self, state: OptState, mean, share: float, k: int) -> None:
-        """``U <- U*(1 - a) + mean*(a/k)`` (``a = share``; nothing when ``a = 0``)."""
+    def merge_mean_step(self, state: OptState, mean, share: float, k: int, lr: float | None = None,
+                        params=None) -> None:
+        """``U <- U*(1 - a) + mean*(a/k)`` (``a = share``; nothing when ``a = 0``; ``lr``, ``params`` unused)."""
         if share:
             velocity = state["velocity"]
             array_module(velocity).multiply(velocity, 1.0 - share, out=velocity)
