@@ -79,12 +79,12 @@ def parse(argv):
 
 
 def resolve(args):
-    """``(TrainConfig, soft settings)`` as ``ssdmpi train`` resolves these flags (the preset's
-    ``widths`` dropped for a model other than mlp, ...); no checkpoint, no run directory made."""
-    from ssdmpi.run.setup import resolve_run
+    """The frozen ``TrainConfig`` ``ssdmpi train`` resolves these flags to (the public
+    ``ssdmpi.config.resolve``: the preset's ``widths`` dropped for a model other than mlp, ...); no
+    checkpoint, no run directory made."""
+    from ssdmpi import config as configuration
 
-    cfg, soft, _, _ = resolve_run(args, None)
-    return cfg, soft
+    return configuration.resolve(args)
 
 
 def interface_address(name: str) -> str:
@@ -180,7 +180,7 @@ class Peer:
         from ssdmpi.verify.torch_ref import build_torch_model
 
         args = self.args
-        cfg, soft = resolve(args)
+        cfg = resolve(args)
         self.cfg = cfg
         if cfg.algo != ALGO_OF[self.peer]:
             raise UserError(f"--peer {self.peer} takes the settings of --algo {ALGO_OF[self.peer]}, not {cfg.algo}")
@@ -201,7 +201,7 @@ class Peer:
                                     self.size, seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment)
         self.E = self.loader.steps_per_epoch
         self.total_steps = cfg.total_steps(self.E)
-        self.algo = configuration.algo_config(cfg, soft, self.E, self.total_steps, self.size)
+        self.algo = configuration.algo_config(cfg, self.E, self.total_steps, self.size)
         self.schedule = self.algo.global_schedule()
         twin = build_torch_model(self.engine)
         bucket_mb = cfg.bucket_size / 2**20 if cfg.bucket_size else DDP_DEFAULT_BUCKET_MB

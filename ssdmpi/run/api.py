@@ -8,7 +8,6 @@ checkpoints, metrics, signals, exit codes), and its run directory is the same. T
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -67,17 +66,18 @@ def train(config=None, model=None, dataset=None) -> Result:
     ``TrainConfig``). Bad input raises ``ssdmpi.errors.UserError`` (one line) on every rank.
     See docs/API.md.
     """
-    args = _arguments(config)
-    model_spec = None
+    request = _request(config)
+    model_spec, flags = None, dict(request.flags)
     if model is not None:
         if isinstance(model, str):
-            args.model = model
+            flags["model"] = model
         else:
-            model_spec, args.model = model, model_label(model)
+            model_spec, flags["model"] = model, model_label(model)
     data = None if dataset is None else _dataset(dataset)
     if data is not None:
-        args.dataset, args.data_path = data.name, None
-    code, job = run_job(args, model=model_spec, dataset=data)
+        flags["dataset"], flags["data_path"] = data.name, None
+    request = dataclasses.replace(request, flags={k: v for k, v in flags.items() if v is not None})
+    code, job = run_job(request, model=model_spec, dataset=data)
     summary = {}
     if code == 0:
         job.model.params[...] = job.algo.global_weights()   # training is over: W is the model
@@ -85,29 +85,23 @@ def train(config=None, model=None, dataset=None) -> Result:
     return Result(exit_code=code, run_dir=job.cfg.run_dir, summary=summary, model=job.model, config=job.cfg)
 
 
-def _arguments(config) -> argparse.Namespace:
-    """The ``ssdmpi train`` arguments ``config`` stands for (its settings as flags)."""
-    parser = argparse.ArgumentParser(prog="ssdmpi.train")
-    configuration.add_arguments(parser)
-    args = parser.parse_args([])
+def _request(config) -> configuration.Request:
+    """The ``Request`` ``config`` stands for: its settings as if given on the command line."""
     if config is None:
-        return args
+        return configuration.Request()
     if isinstance(config, (str, os.PathLike)):
-        args.config = os.fspath(config)
-        return args
+        return configuration.Request(config_file=os.fspath(config))
     if isinstance(config, configuration.TrainConfig):
-        settings = config.to_dict()
+        settings = {k: v for k, v in config.to_dict().items() if v is not None}
     elif isinstance(config, dict):
         settings = dict(config)
     else:
         raise UserError(f"ssdmpi.train: config must be a mapping of settings, a TrainConfig or a YAML path; "
                         f"got {type(config).__name__}")
-    for key in ("preset", "resume", "config"):
-        if key in settings:
-            setattr(args, key, settings.pop(key))
-    for name, value in configuration.normalise(settings, "ssdmpi.train config").items():
-        setattr(args, name, value)
-    return args
+    extra = {key: settings.pop(key) for key in ("preset", "resume", "config") if key in settings}
+    flags = configuration.normalise(settings, "ssdmpi.train config")
+    return configuration.Request(flags=flags, config_file=extra.get("config"), preset=extra.get("preset"),
+                                 resume=extra.get("resume"))
 
 
 def _dataset(dataset):

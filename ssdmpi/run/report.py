@@ -17,8 +17,8 @@ from ssdmpi.algos import registry
 from ssdmpi.algos.auto_delay import steps_to_hide
 from ssdmpi.config import changed_settings
 from ssdmpi.metrics import MetricsLog, Progress, atomic_write, counted, delay_auto_line
+from ssdmpi.run.directory import trim_metrics
 from ssdmpi.run.job import Job
-from ssdmpi.run.setup import trim_metrics
 from ssdmpi.version import __version__
 
 

@@ -22,10 +22,12 @@ from ssdmpi.comm.communicator import Communicator
 from ssdmpi.errors import DIVERGED_EXIT
 from ssdmpi.metrics import write_summary
 from ssdmpi.relaunch import resume_command
+from ssdmpi.run.directory import remove_created
 from ssdmpi.run.job import Job, Stop
 from ssdmpi.run.loop import PER_STEP_TOTALS, committed, evaluate_now, save, train
 from ssdmpi.run.report import Reporter, shown_stage
-from ssdmpi.run.setup import configure, print_config, remove_created, resume, setup
+from ssdmpi.run.setup import resume, setup
+from ssdmpi.run.start import configure, print_config
 
 
 def _say(rank: int, text: str, file=None) -> None:
@@ -43,17 +45,18 @@ def run(args) -> int:
     closed everything, so that none begins to exit while another still writes. Under ``srun
     --kill-on-bad-exit`` the first rank to exit non-zero has the others killed, and a straggler
     killed that way turns the job's exit code into a signal's (no requeue)."""
-    if getattr(args, "print_config", False):
-        return print_config(args)
-    code = run_job(args, command=True)[0]
+    request = configuration.Request.from_args(args)
+    if args.print_config:
+        return print_config(request)
+    code = run_job(request, command=True)[0]
     if code and world.rank_and_size()[1] > 1:
         world.agree(lambda: None)
     return code
 
 
-def run_job(args, model=None, dataset=None, command: bool = False):
-    """Collective: one run; ``(exit code, Job)``. ``model``/``dataset`` (the Python API,
-    ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``command``: the
+def run_job(request, model=None, dataset=None, command: bool = False):
+    """Collective: one run of ``request`` (a ``config.Request``); ``(exit code, Job)``. ``model``/``dataset``
+    (the Python API, ``ssdmpi/api.py``) replace what ``cfg.model``/``cfg.dataset`` name. ``command``: the
     ``ssdmpi train`` command runs this job (its process ends after it, ``Stop``; the hints it
     prints are command lines), not a script through the Python API.
 
@@ -61,13 +64,14 @@ def run_job(args, model=None, dataset=None, command: bool = False):
     one ExitStack, which frees it on every exit path. The signal handlers go in first, so
     that a preemption signal arriving during setup is acted on at the first
     synchronisation point instead of killing the rank. A start that fails before the loop
-    removes the run directories it created (``run_setup.remove_created``)."""
+    removes the run directories it created (``directory.remove_created``)."""
     with contextlib.ExitStack() as resources:
         stop = resources.enter_context(Stop(exiting=command))
-        # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and
-        #    resolves; every rank gets the same TrainConfig.
+        # 1. Configuration: rank 0 reads the files (config, the checkpoint to resume) and resolves
+        #    them, once; every rank gets the same frozen TrainConfig.
         rank, size = world.rank_and_size()
-        cfg, soft, ckpt_path, ckpt_meta, created = world.on_root(lambda: configure(args, size))
+        start = world.on_root(lambda: configure(request, size))
+        cfg, ckpt_path, ckpt_meta = start.cfg, start.ckpt_path, start.ckpt_meta
         # 2. Setup: this rank's threads, GPU and backend (comm/node.py), communicator, data, model,
         #    algorithm, loader; every rank checks that all agree. Resume: rank 0 reads the
         #    checkpoint and sends every rank its state.
@@ -75,20 +79,22 @@ def run_job(args, model=None, dataset=None, command: bool = False):
             placement = world.agree(lambda: node.place(node.discover(), cfg.device, cfg.threads, cfg.gpu_id))
             xp = backend.get_xp()
             comm = resources.enter_context(Communicator(**configuration.communicator_options(cfg)))
-            job = setup(cfg, soft, ckpt_meta, comm, xp, resources, model=model, dataset=dataset)
+            job = setup(cfg, ckpt_meta, comm, xp, resources, model=model, dataset=dataset)
             job.placement, job.command = placement, command
             if ckpt_path is not None:
                 resume(job, comm, ckpt_path, ckpt_meta)
         except BaseException:
             if rank == 0:
-                remove_created(created)
+                remove_created(start.created)
             raise
         if ckpt_meta is not None and ckpt_meta.get("reason") == "final" and job.state.step >= job.total_steps:
             return complete(job, comm), job
         # Step lines on the display when the user gave --log-every (a flag or an API setting), not at
         # the interval a preset or the default sets for the metrics records.
         out = resources.enter_context(Reporter(job, comm, ckpt_path, ckpt_meta,
-                                               step_lines=getattr(args, "log_every", None) is not None))
+                                               step_lines="log_every" in request.flags))
+        for note in start.notes:
+            out.message(f"note: {note}")
         if job.resize is not None:
             out.write(job.resize)
             out.message(f"resumed on another number of ranks ({job.resize['from_ranks']} -> {job.resize['to_ranks']}): "
@@ -166,7 +172,7 @@ def _summary(job: Job, size: int, run_time: float, out: Reporter) -> None:
                                  if totals["wall"] else 0.0),
                **state.last_eval,
                **({k: totals[k] / steps for k in PER_STEP_TOTALS if k in totals} if totals["steps"] else {}),
-               **({"delay_auto": job.algo.delay_choice.record()} if getattr(job.algo, "delay_choice", None) else {}),
+               **({"delay_auto": job.algo.delay_choice.record()} if job.algo.delay_choice else {}),
                **({"resized": state.resizes} if state.resizes else {}),
                "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "placement": job.placement.describe(),
                "config": cfg.to_dict()}

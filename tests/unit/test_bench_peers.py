@@ -33,12 +33,14 @@ def test_variant_specs():
 @pytest.mark.parametrize("model,widths", [("wide-mlp", None), ("lenet5", None), ("mlp", [128])])
 def test_the_peer_resolves_its_flags_as_ssdmpi_train_does(model, widths):
     """The default preset's mlp widths are not applied to another model (as ``ssdmpi train``)."""
+    from ssdmpi import config
     from ssdmpi.bench.torch_peer import parse, resolve
-    from ssdmpi.run.setup import resolve_run
+    from ssdmpi.run.start import resolve_run
 
     args, peer = parse(["--peer", "ddp", "--algo", "ssgd", "--model", model, "--run-dir", "x"])
-    cfg, _ = resolve(args)
-    assert peer == "ddp" and cfg.widths == widths == resolve_run(args, None)[0].widths and cfg.model == model
+    cfg = resolve(args)
+    mine = resolve_run(config.Request.from_args(args), None).cfg
+    assert peer == "ddp" and cfg.widths == widths == mine.widths and cfg.model == model
 
 
 @pytest.mark.parametrize("spec", ["dp", "ddp:0", "ddp:x", "postlocal", "ddp@thread", "ssgd@often", "ssd:step"])

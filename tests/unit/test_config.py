@@ -54,9 +54,11 @@ def test_resolved_config_round_trips_through_yaml(tmp_path):
     assert again == cfg
 
 
-def test_soft_settings_are_the_algorithm_settings_the_user_did_not_give():
-    assert "delay" not in config.soft_settings(parse("--delay", "3"))
-    assert {"delay", "comm", "local_update"} <= config.soft_settings(parse())
+def test_each_value_says_where_it_came_from(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: 0.3\n")
+    sources = config.resolve_request(parse("--delay", "3", "--config", str(tmp_path / "c.yaml"))).sources
+    assert sources["delay"] == "flag" and sources["lr"] == str(tmp_path / "c.yaml")
+    assert sources["warmup_steps"] == "preset default" and sources["comm"] == "default"
 
 
 @pytest.mark.parametrize("yaml_text, needle", [
@@ -142,8 +144,8 @@ def test_a_checkpoint_from_before_the_momentum_merge_resumes_without_it():
         cfg = config.resolve(parse(), checkpoint_config=other)
         config.check_resume(other, cfg)
         assert cfg.merge_momentum is None, flags
-    new = config.resolve(parse()).to_dict()             # written now, the default: it stays the default
-    assert config.resolve(parse(), checkpoint_config=new).merge_momentum is None
+    new = config.resolve(parse()).to_dict()             # written now, with the default: it stays the default
+    assert config.resolve(parse(), checkpoint_config=new).merge_momentum == 1.0
 
 
 @pytest.mark.parametrize("flags, needle", [

@@ -9,7 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ssdmpi"
 
 # The trainer's floors (ssdmpi/run/), lowest first: a module imports only those below it.
-RUN_FLOORS = ("job", "evaluation", "state", "setup", "report", "loop", "trainer", "api")
+RUN_FLOORS = ("job", "directory", "evaluation", "state", "setup", "start", "report", "loop", "trainer", "api")
 
 # Where MPI may be named in code: the comm layer, `ssdmpi info` (it reports on the library) and the
 # raw-mpi4py baseline of `ssdmpi bench comm`. Within them, mpi4py is imported in one place only,

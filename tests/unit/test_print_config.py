@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ssdmpi import config
-from ssdmpi.run.setup import print_config
+from ssdmpi.run.start import print_config
 from tests.conftest import ROOT, run_cli
 
 ALGOS = ("ssgd", "ssd", "odsgd", "localsgd", "asgd")

@@ -214,14 +214,14 @@ helps = {a.dest: a.help for a in train._actions}
 args = train.parse_args(["--comm", "period", "--period-rule", "planted", "--planted-knob", "4", "--delay", "2",
                          "--warmup-steps", "2"])
 cfg = config.resolve(args)
-algo = config.algo_config(cfg, set(), 10, 100, world_size=2)
+algo = config.algo_config(cfg, 10, 100, world_size=2)
 rng = np.random.default_rng(0)
 x, y = rng.normal(size=(64, 6)).astype(np.float32), rng.integers(0, 3, size=64)
 sim = simulate(algo, lambda: build_model("mlp", (6,), 3, widths=(4,), seed=1, xp=np),
                lambda r, t: (x[8 * r:8 * r + 8], y[8 * r:8 * r + 8]), 8, world_size=2)
 print(json.dumps({"rules": list(registry.RULES), "help": helps["period_rule"], "knob_help": helps["planted_knob"],
                   "knob": algo.planted_knob, "variant": accuracy.VARIANTS.get("period/planted"),
-                  "yaml": config.annotated_yaml(config.applicable(cfg, set())),
+                  "yaml": config.annotated_yaml(config.resolve_request(args)),
                   "twin": type(sim.twin).__name__, "s": sim.s}))
 '''
 

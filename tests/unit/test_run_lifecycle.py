@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ssdmpi.relaunch import launcher, resume_command
-from ssdmpi.run.setup import claim_run_dir
+from ssdmpi.run.directory import claim_run_dir
 from tests.conftest import mpiexec, run_cli
 from tests.unit.test_train_cli import SMALL
 

@@ -8,7 +8,7 @@ from ssdmpi.errors import UserError
 def test_resumed_metrics_drop_records_logged_after_the_checkpoint(tmp_path):
     import json
 
-    from ssdmpi.run.setup import trim_metrics
+    from ssdmpi.run.directory import trim_metrics
 
     path = tmp_path / "metrics.jsonl"
     lines = [{"kind": "start", "step": 0}, {"kind": "step", "step": 10}, {"kind": "checkpoint", "step": 20},
@@ -21,7 +21,7 @@ def test_resumed_metrics_drop_records_logged_after_the_checkpoint(tmp_path):
 def test_run_directory_rules(tmp_path):
     import os
 
-    from ssdmpi.run.setup import prepare_run_dir
+    from ssdmpi.run.directory import prepare_run_dir
 
     run = tmp_path / "run"
     prepare_run_dir(str(run), resuming=False)

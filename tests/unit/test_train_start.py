@@ -83,7 +83,7 @@ def test_a_failed_start_keeps_directories_it_did_not_create(tmp_path):
 
 
 def test_remove_created_removes_only_empty_directories_it_made(tmp_path):
-    from ssdmpi.run.setup import prepare_run_dir, remove_created
+    from ssdmpi.run.directory import prepare_run_dir, remove_created
 
     created = prepare_run_dir(str(tmp_path / "a" / "b"), resuming=False)
     assert created == [str(tmp_path / "a" / "b" / "checkpoints"), str(tmp_path / "a" / "b"), str(tmp_path / "a")]
@@ -143,7 +143,7 @@ def test_help_states_the_resolved_default_of_every_flag():
 
     helps = _helps()
     cfg = config.resolve(parse())
-    algo = config.resolved_settings(cfg, config.algo_config(cfg, config.soft_settings(parse()), 89, 1780, 1))
+    algo = config.recorded(cfg, config.algo_config(cfg, 89, 1780, 1))
     presets = {p: config.load_preset(p) for p in config.list_presets() if p != "default"}
     for name in config.FIELD_NAMES:
         if name == "progress_bar":
