@@ -250,7 +250,7 @@ def _time_line(s: dict) -> str:
 def delay_auto_line(d: dict) -> str:
     """The line saying what ``--delay auto`` chose, from its ``kind: delay`` record (the display and the
     summary; the rule itself: docs/ALGORITHM.md section 12)."""
-    merge = f", d = {d['merge_delay']}" if d.get("merge_delay") is not None else ""
+    merge = f", d = {d['window']}" if d.get("window") is not None else ""
     return (f"delay auto: k = {d.get('delay')}{merge} (chosen at step {d.get('step')}: compute "
             f"{d.get('compute_s', 0) * 1e3:.1f} ms, allreduce {d.get('allreduce_s', 0) * 1e3:.1f} ms "
             f"per step, {d.get('allreduce_cpu_s', 0) * 1e3:.1f} ms CPU in flight, update "

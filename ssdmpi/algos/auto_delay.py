@@ -180,8 +180,9 @@ class DelayChoice:
     d: int | None = None  # the merge delay (None: a checkpoint from before auto chose one)
 
     def record(self) -> dict:
-        """The ``kind: delay`` metrics record (ssdmpi/metrics.py)."""
-        return {"kind": "delay", "step": self.step, "delay": self.k, "merge_delay": self.d,
+        """The ``kind: delay`` metrics record (ssdmpi/metrics.py): ``delay`` the period k, ``window`` the merge
+        delay d (the steps between a period's post and its merge, the rule's setting that auto chose)."""
+        return {"kind": "delay", "step": self.step, "delay": self.k, "window": self.d,
                 "compute_s": self.compute_s, "allreduce_s": self.allreduce_s, "allreduce_cpu_s": self.cpu_s,
                 "update_s": self.update_s, "samples": self.samples, "range": [DELAY_RANGE[0], self.hi]}
 

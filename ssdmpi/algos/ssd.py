@@ -291,11 +291,15 @@ def _local_update_refusal(run) -> str:
 def _fits_the_optimizer(run) -> None:
     """glu-paper and sgd are plain SGD steps of their own (ALGORITHM.md 4a, 4c), not the inner optimizer's:
     they fit between the global steps of an optimizer that allows them (``Optimizer.plain_local_updates``)."""
+    from ssdmpi.algos import registry  # late: the registry imports this module
+
     spec = run.optimizer_spec
     if run.local_update in LOCAL_LR_UPDATES and spec is not None and not spec.implementation.plain_local_updates:
+        fitting = registry.or_(f"--optimizer {name}" for name, s in registry.OPTIMIZERS.items()
+                               if s.implementation.plain_local_updates)
         raise UserError(f"--local-update {run.local_update} is a plain SGD step of its own and does not fit "
                         f"--optimizer {run.optimizer}'s global steps; use --local-update global-momentum (the "
-                        f"{run.optimizer} step with the global state), or --optimizer sgd")
+                        f"{run.optimizer} step with the global state), or {fitting}")
 
 
 def _with_local_update(registry) -> str:

@@ -70,7 +70,7 @@ def mean_buffers(comm, model, trains: bool = True) -> dict:
 
 def trains_on_data(algo) -> bool:
     """False on a rank that runs no forward pass in training (an asgd server), True elsewhere."""
-    return not getattr(algo, "is_server", False)
+    return not algo.is_server
 
 
 class Evaluator:

@@ -32,7 +32,7 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
     state.start_clock()
     comm.stats.reset()
     interval = Interval()
-    lagged = None if getattr(algo, "lockstep", True) else LaggedSums()
+    lagged = None if algo.lockstep else LaggedSums()
     with np.errstate(over="ignore", invalid="ignore"):   # non-finite values are detected, not warned about
         while state.step < job.total_steps:
             if loader is None:              # an asgd server: it serves the workers' pushes, no loss
@@ -144,8 +144,7 @@ class Interval:
         self.t0 -= carried
         self.sync_s = carried
         comm.stats.reset()
-        if getattr(algo, "phases", None) is not None:
-            algo.phases.reset()
+        algo.phases.reset()
 
     def add(self, loss) -> None:
         """Count a step and keep its loss (a float, or a 0-d device array left on the GPU: reading
@@ -206,7 +205,7 @@ class Interval:
         self._t_sync = time.monotonic()
         wall = self._t_sync - self.t0
         c = comm.stats.snapshot_and_reset()
-        stale = algo.interval_staleness() if hasattr(algo, "interval_staleness") else {}
+        stale = algo.interval_staleness()
         mine = 1.0 if self.steps else 0.0    # per-step means are over the ranks that take steps
         values = {
             "preempt": stop.preempt, "interrupt": stop.interrupt, "bad": self.bad, "loss": self.loss,
@@ -218,10 +217,9 @@ class Interval:
 
     def _phase_sums(self, c: dict, algo, mine: float) -> dict:
         """This rank's step-breakdown totals (ssdmpi/phases.py), then its phase timers reset."""
-        phases = getattr(algo, "phases", None)
-        fb, update = (phases.fb_s, phases.update_s) if phases is not None else (0.0, 0.0)
-        if phases is not None:
-            phases.reset()
+        phases = algo.phases
+        fb, update = phases.fb_s, phases.update_s
+        phases.reset()
         return {"fb_s": fb * mine, "update_s": update * mine, "data_s": self.data_s * mine,
                 "progress_s": c["progress_s"] * mine, "sync_s": self.sync_s * mine}
 

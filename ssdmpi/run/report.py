@@ -26,7 +26,7 @@ def shown_stage(algo) -> str:
     """The stage a run's records, display and summary name: the algorithm's own (``warmup``, then
     ``delay`` or ``async``), but ``sync`` for one without a delay stage (ssgd: it synchronises every
     step; the algorithm itself calls that ``warmup``)."""
-    return algo.stage if getattr(algo, "has_delay_stage", True) else "sync"
+    return algo.stage if algo.has_delay_stage else "sync"
 
 
 class Reporter:
@@ -74,7 +74,7 @@ class Reporter:
         """``config.yaml``: the resolved settings (``delay: auto`` stays auto, so feeding the file back
         measures again) and, as comments, where rank 0 ran and the k that auto chose."""
         job = self._job
-        choice = getattr(job.algo, "delay_choice", None)
+        choice = job.algo.delay_choice
         atomic_write(os.path.join(job.cfg.run_dir, "config.yaml"),
                      job.cfg.to_yaml() + f"# rank 0 ran with: {job.placement.describe()}\n"
                      + (f"# {choice.text()}\n" if choice else ""))

@@ -160,7 +160,7 @@ def test_a_two_part_auto_run_equals_one_fixed_run_and_resume_keeps_k(monkeypatch
     want = K_FIRST
     if MPI.COMM_WORLD.Get_rank() == 0:
         records = delay_records(split)
-        assert [(r["delay"], r["merge_delay"]) for r in records] == [(want, D_FIRST)] and records[0]["step"] == WARMUP
+        assert [(r["delay"], r["window"]) for r in records] == [(want, D_FIRST)] and records[0]["step"] == WARMUP
         with open(os.path.join(split, "summary.json")) as f:
             summary = json.load(f)
         assert summary["delay_auto"]["delay"] == want and summary["config"]["delay"] == "auto"
@@ -205,7 +205,7 @@ def test_delay_max_caps_the_choice_and_the_capped_run_equals_that_fixed_k(monkey
         [0] * size
     if MPI.COMM_WORLD.Get_rank() == 0:
         (record,) = delay_records(capped)
-        assert (record["delay"], record["merge_delay"]) == (12, 1) and record["range"] == [1, cap], record
+        assert (record["delay"], record["window"]) == (12, 1) and record["range"] == [1, cap], record
         with open(os.path.join(capped, "config.yaml")) as f:
             assert f"\ndelay_max: {cap}\n" in f.read()
     diff = MPI.COMM_WORLD.bcast(same_final_state(fixed, capped) if MPI.COMM_WORLD.Get_rank() == 0 else None)

@@ -205,5 +205,4 @@ def test_help_of_ssdmpi_train_is_the_api_s_contract():
                    "Returns a ``Result`` on every rank", "UserError"):
         assert needle in text, needle
     assert command.__doc__.splitlines()[0] not in text and trainer.__doc__.splitlines()[0] not in text
-    assert callable(trainer.run)
     assert build_model(lambda s, c, **kw: Model([Linear(s[0], c, name="fc")], s, **kw), (3,), 2).num_params == 8

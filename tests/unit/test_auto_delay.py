@@ -229,7 +229,7 @@ def test_choose_probes_a_fraction_of_the_gradient_and_scales_its_cpu_up():
     assert asked == [0.25]
     assert choice.cpu_s == pytest.approx(0.08)
     assert (choice.k, choice.d) == choose_period(0.1, 0.4, 0.08, stable=STABLE) == (17, 5)   # amortised: 11
-    assert choice.record()["allreduce_cpu_s"] == pytest.approx(0.08) and choice.record()["merge_delay"] == 5
+    assert choice.record()["allreduce_cpu_s"] == pytest.approx(0.08) and choice.record()["window"] == 5
     no_probe = m.choose(FakeComm(), step=10)
     assert no_probe.cpu_s == 0.0 and no_probe.d == 5      # 4 steps cover 0.4 s, but not 0.42
 
@@ -366,7 +366,7 @@ def test_meter_and_choice_round_trip_through_their_state():
     assert "k = 7" in choice.text()
     with_d = DelayChoice(k=7, compute_s=0.08, allreduce_s=0.5, step=40, samples=20, d=2)
     assert DelayChoice.from_state(with_d.state()) == with_d and with_d.state()["auto.d"] == 2
-    assert with_d.record()["merge_delay"] == 2 and "k = 7, d = 2" in with_d.text()
+    assert with_d.record()["window"] == 2 and "k = 7, d = 2" in with_d.text()
 
 
 # --- settings --------------------------------------------------------------------------------

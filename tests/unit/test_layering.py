@@ -206,3 +206,21 @@ def test_the_mpi_check_finds_planted_uses(tmp_path):
 
 def test_mpi_is_named_only_in_the_comm_layer_and_imported_only_by_mpi_env():
     assert mpi_uses(PACKAGE) == []
+
+
+def test_the_trainer_asks_the_algorithm_only_through_its_contract():
+    """No ``getattr``/``hasattr`` on the algorithm in ``ssdmpi/run/`` (``ssdmpi/algos/contract.py`` gives
+    every attribute the trainer reads a default), in any form: ``algo``, ``job.algo``, ``self.algo``."""
+    found = []
+    for path in sorted((PACKAGE / "run").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                    and node.args and "algo" in ast.unparse(node.args[0]):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+    from ssdmpi.algos.asgd import ASGD
+    from ssdmpi.algos.base import Algorithm
+    from ssdmpi.algos.contract import TrainingAlgorithm
+
+    assert issubclass(ASGD, TrainingAlgorithm) and issubclass(Algorithm, TrainingAlgorithm)
+    assert not ASGD.__abstractmethods__ and not getattr(Algorithm, "__abstractmethods__", ())

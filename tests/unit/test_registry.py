@@ -34,41 +34,100 @@ def write_package(root: pathlib.Path, files: dict) -> pathlib.Path:
     return root / "pkg"
 
 
-def _strings(node) -> set:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return set().union(set(), *(_strings(e) for e in node.elts))
-    return set()
+def _docstrings(tree) -> set:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
 
 
-def name_comparisons(package: pathlib.Path, names, allowed=REGISTRY) -> list:
-    """``["rel:line name", ...]``: comparisons (``==``, ``!=``, ``in``, ``not in``) of a value with one of
-    ``names`` written as a string (alone or in a literal tuple, list or set), outside ``allowed``."""
+def _names_in(text: str, names, part_of_fstring: bool) -> set:
+    """The names ``text`` writes out: the whole string, an option with it (``--algo ssd``), or, in an
+    f-string, a piece that starts with one (``f"ssd:period:{k}"``)."""
+    hit = {n for n in names if text == n or any(f"--{option} {n}" in text for option in OPTIONS)}
+    if part_of_fstring:
+        hit |= {n for n in names if text.startswith((f"{n}:", f"{n}/", f"{n}-"))}
+    return hit
+
+
+OPTIONS = ("algo", "period-rule", "optimizer")
+
+
+def name_literals(package: pathlib.Path, allowed: dict) -> list:
+    """``["rel:line name", ...]``: every string (not a docstring) that writes out a name of ``allowed``
+    (``{name: files where it may}``) outside those files: a literal, a dict key, a tuple member, a
+    comparison's operand, an option in a message (``--algo ssgd``), an f-string's piece (``ssd:``)."""
     found = []
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
-        if rel in allowed:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Compare):
-                hit = set().union(_strings(node.left), *(_strings(c) for c in node.comparators)) & set(names)
-                found += [f"{rel}:{node.lineno} {name}" for name in sorted(hit)]
-    return sorted(found)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _docstrings(tree)
+        in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                for name in sorted(_names_in(node.value, allowed, id(node) in in_fstrings)):
+                    if rel not in allowed[name]:
+                        found.append(f"{rel}:{node.lineno} {name}")
+    return sorted(set(found))
 
 
-def test_the_comparison_finder_finds_planted_comparisons(tmp_path):
+def allowed_files() -> dict:
+    """Where each algorithm's, rule's and optimizer's name may be written: its own spec's file, the
+    registry, and the reference twins (an independent second implementation, ``verify/reference.py``);
+    ``sgd`` also names a local update (``optim/local.py``, which declares it, and ``algos/ssd.py``)."""
+    import inspect
+
+    out = {}
+    for specs in (registry.ALGORITHMS, registry.RULES, registry.OPTIMIZERS):
+        for name, spec in specs.items():
+            own = pathlib.Path(inspect.getsourcefile(_declaring_module(spec))).relative_to(PACKAGE)
+            out[name] = {own.as_posix(), *REGISTRY, "verify/reference.py"}
+    out["sgd"] |= {"optim/local.py"}
+    return out
+
+
+def _declaring_module(spec):
+    """The module that declares ``spec`` (the registry indexes a copy of an algorithm's spec, with its rules')."""
+    import sys
+
+    return next(m for m in list(sys.modules.values()) if type(getattr(m, "SPEC", None)) is type(spec)
+                and m.SPEC.name == spec.name)
+
+
+def test_the_literal_finder_finds_every_form(tmp_path):
     package = write_package(tmp_path, {
         "registry.py": "def f(a):\n    return a == 'ssd'\n",                      # allowed here
         "plot.py": "def g(a):\n    return a.algo == 'ssgd' or a in ('x', 'localsgd')\n",
-        "bench.py": "VARIANTS = {'ssgd': 1}\n\ndef h(v):\n    return VARIANTS['ssgd'] if v != 'delta-own' else 0\n",
+        "bench.py": "VARIANTS = {'ssgd': 1}\n\ndef h(v, k):\n    return f'ssd:period:{k}' if v else 'use --algo asgd'\n",
+        "doc.py": '"""A docstring may say ssgd."""\nX = "delta-own"\n',
     })
-    assert name_comparisons(package, ("ssgd", "ssd", "localsgd", "delta-own"), allowed=("registry.py",)) == [
-        "bench.py:4 delta-own", "plot.py:2 localsgd", "plot.py:2 ssgd"]
+    allowed = {n: {"registry.py"} for n in ("ssgd", "ssd", "localsgd", "delta-own", "asgd")}
+    assert name_literals(package, allowed) == ["bench.py:1 ssgd", "bench.py:4 asgd", "bench.py:4 ssd",
+                                               "doc.py:2 delta-own", "plot.py:2 localsgd", "plot.py:2 ssgd"]
 
 
-def test_algorithm_and_rule_names_are_compared_only_in_the_registry():
-    assert name_comparisons(PACKAGE, set(registry.ALGORITHMS) | set(registry.RULES)) == []
+def test_algorithm_rule_and_optimizer_names_are_written_only_in_their_own_files():
+    assert name_literals(PACKAGE, allowed_files()) == []
+
+
+def test_the_delta_merge_settings_are_written_only_in_its_file_and_its_twin():
+    """``--merge-delay``, ``--merge-momentum`` and ``delta_merge`` as code (a string or a name; not in a
+    docstring or a comment) only in the rule's own file and its reference twin."""
+    words = ("merge-delay", "merge_delay", "merge-momentum", "merge_momentum", "delta_merge")
+    allowed, found = {"algos/rules/delta_merge.py", "verify/reference.py"}, []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                id(node) not in skip else node.id if isinstance(node, ast.Name) else node.attr \
+                if isinstance(node, ast.Attribute) else node.name if isinstance(node, ast.alias) else ""
+            found += [f"{rel}:{node.lineno} {w}" for w in words if w in text and rel not in allowed]
+    assert found == []
 
 
 # -- each default stated once ----------------------------------------------------------------------
@@ -173,13 +232,36 @@ def test_one_rule_is_the_default_and_every_rule_file_declares_its_spec():
 
 
 @pytest.mark.parametrize("variant", list(registry.variants()))
-def test_every_variant_resolves_and_names_an_implementation_and_a_reference(variant):
-    cfg = registry.AlgoConfig(**registry.variants()[variant], delay=None, warmup_steps=2).validate(world_size=4)
-    spec = registry.ALGORITHMS[cfg.algo]
-    assert callable(load(spec.implementation(cfg)))
-    assert callable(load(spec.simulation))
-    if spec.delay_stage:
-        assert callable(load(spec.reference(cfg, registry.RULES.get(cfg.period_rule))))
+def test_every_variant_builds_and_steps_as_its_reference_twin(variant):
+    """Each named variant builds the class its spec names (its ``--algo``), and on one rank it takes the
+    same steps as the simulation its spec names with the twin its spec names (bitwise, float64)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from ssdmpi.algos import build_algorithm
+    from ssdmpi.comm.communicator import Communicator
+    from ssdmpi.nn import build_model
+
+    settings = registry.variants()[variant]
+    if registry.ALGORITHMS[settings["algo"]].takes("servers"):
+        pytest.skip("parameter servers need two ranks (tests/mpi/test_asgd.py)")
+    cfg = registry.AlgoConfig(**settings, warmup_steps=2, lr=0.05,
+                              **({"delay": 2} if registry.ALGORITHMS[settings["algo"]].takes("delay") else {}))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 5)), rng.integers(0, 3, 40)
+    model = lambda: build_model("mlp", (5,), 3, widths=(4,), dtype=np.float64, seed=2)   # noqa: E731
+    sim = load(registry.ALGORITHMS[cfg.algo].simulation)(cfg, model, lambda r, t: (x[4 * t:4 * t + 4],
+                                                                                    y[4 * t:4 * t + 4]), 1)
+    comm = Communicator(MPI.COMM_SELF, progress="blocking")
+    try:
+        algo = build_algorithm(cfg, model(), comm)
+        assert algo.name == cfg.algo
+        for t in range(8):
+            algo.step(x[4 * t:4 * t + 4], y[4 * t:4 * t + 4])
+            sim.step()
+            assert np.array_equal(algo.global_weights(), sim.W), (variant, t)
+    finally:
+        comm.free()
 
 
 PLANTED = '''\
