@@ -273,7 +273,11 @@ from ssdmpi.validate import positive_int
 
 
 class Planted(GradientReplay):
-    pass
+    """Replay, built with its own setting (the registry passes it: Rule(state, planted_knob=...))."""
+
+    def __init__(self, state, planted_knob):
+        super().__init__(state)
+        self.knob = planted_knob
 
 
 SPEC = RuleSpec("planted", Planted, reference="ssdmpi.verify.reference:ReplayTwin", summary="replay, planted",
@@ -301,16 +305,26 @@ rng = np.random.default_rng(0)
 x, y = rng.normal(size=(64, 6)).astype(np.float32), rng.integers(0, 3, size=64)
 sim = simulate(algo, lambda: build_model("mlp", (6,), 3, widths=(4,), seed=1, xp=np),
                lambda r, t: (x[8 * r:8 * r + 8], y[8 * r:8 * r + 8]), 8, world_size=2)
+import contextlib, io, yaml
+from ssdmpi.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(["train", "--comm", "period", "--period-rule", "planted", "--planted-knob", "4", "--delay", "2",
+                 "--warmup-steps", "2", "--local-update", "sgd", "--steps", "12", "--run-dir", "run",
+                 "--no-progress-bar"])
+with open("run/config.yaml") as f:
+    recorded = yaml.safe_load(f)
 print(json.dumps({"rules": list(registry.RULES), "help": helps["period_rule"], "knob_help": helps["planted_knob"],
                   "knob": algo.planted_knob, "variant": accuracy.VARIANTS.get("period/planted"),
                   "yaml": config.annotated_yaml(config.resolve_request(args)),
-                  "twin": type(sim.twin).__name__, "s": sim.s}))
+                  "twin": type(sim.twin).__name__, "s": sim.s, "code": code,
+                  "trained": {k: recorded.get(k) for k in ("period_rule", "planted_knob", "steps")}}))
 '''
 
 
 def test_a_rule_file_is_all_the_registry_needs(tmp_path):
-    """A file dropped into a copy of ssdmpi/algos/rules/ is a --period-rule with its own flag, resolved and
-    recorded like any setting, a benchmark variant, and a reference twin the simulator runs."""
+    """A file dropped into a copy of ssdmpi/algos/rules/ (nothing else changed) is a --period-rule with its own
+    flag, resolved and recorded like any setting, handed to the rule it builds, a benchmark variant, a reference
+    twin the simulator runs, and a run of ``ssdmpi train`` through the command line."""
     shutil.copytree(PACKAGE, tmp_path / "ssdmpi", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "ssdmpi" / "algos" / "rules" / "planted.py").write_text(PLANTED)
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -326,3 +340,4 @@ def test_a_rule_file_is_all_the_registry_needs(tmp_path):
     assert "planted_knob: 4\n" in got["yaml"] and "period_rule: planted\n" in got["yaml"]
     assert got["twin"] == "ReplayTwin" and got["s"] == 2 + 2 * 2   # 2 warm-up steps, 3 periods of k = 2 (the
                                                                    # first period's sum is applied at the second)
+    assert got["code"] == 0 and got["trained"] == {"period_rule": "planted", "planted_knob": 4, "steps": 12}
