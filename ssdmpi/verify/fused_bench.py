@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ssdmpi.optim import fused
+from ssdmpi.optim.optimizers.adamw import adamw_pass
 
 WIDE_MLP = ((784, 4096), (4096, 4096), (4096, 10))     # (fan_in, fan_out) of its dense layers
 
@@ -76,6 +77,40 @@ def unfused_momentum_sgd_expanded(U, L, g, mask, eta, lam, mu, tmp):
     L += U
 
 
+def unfused_adamw(W, m, v, G, mask, inv, keep, w1, w2, b2, bc2s, eps, negstep, n, c, write, a, d, e):
+    """AdamW (``ssdmpi/optim/optimizers/adamw.py``): ``[G /= n]; [g = G*c]; W *= mask*keep + inv;
+    m' = m + (g - m)*w1; v' = v*b2 + (g*g)*w2; [m = m'; v = v']; W += (m'*negstep)/((sqrt(v')/bc2s) + eps)``;
+    the scratch ``a``, ``d``, ``e`` are whole buffers."""
+    if write and n is not None and n != 1:
+        G /= n
+    g = G
+    if c != 1.0:
+        g = np.multiply(G, c)
+    np.multiply(mask, keep, out=a)
+    a += inv
+    W *= a
+    np.subtract(g, m, out=d)
+    d *= w1
+    np.multiply(g, g, out=a)
+    a *= w2
+    if write:
+        m += d
+        v *= b2
+        v += a
+        mnew, vnew = m, v
+    else:
+        d += m
+        np.multiply(v, b2, out=e)
+        e += a
+        mnew, vnew = d, e
+    np.sqrt(vnew, out=a)
+    a /= bc2s
+    a += eps
+    np.multiply(mnew, negstep, out=d)
+    d /= a
+    W += d
+
+
 def unfused_post_displacement(W, L, S, D, changed):
     np.subtract(L, S, out=D)
     if changed:
@@ -108,7 +143,15 @@ def cases(mask, block_bytes=fused.BLOCK_BYTES, seed=0):
     one = fused.Plan((decay,), 2, block_bytes)
     glu = fused.Plan((mask, decay), 3, block_bytes)
     own = fused.Plan((mask,), 1, block_bytes)
+    inv = 1 - mask
+    adam = fused.Plan((mask, inv), 4, block_bytes)
+    V = np.abs(rng.standard_normal(n, dtype=dt)) * 1e-4
+    scal = (1 - lr * 0.1, 1 - 0.9, 1 - 0.95, 0.95, (1 - 0.95 ** 10) ** 0.5, 1e-8, -(lr / (1 - 0.9 ** 10)))
     return {
+        "adamw (global)": (lambda: unfused_adamw(W, M, V, G, mask, inv, *scal, None, 1.0, True, *big),
+                           lambda: adamw_pass(adam, W, M, V, G, *scal)),
+        "adamw (read only)": (lambda: unfused_adamw(L, M, V, G, mask, inv, *scal, None, 1.0, False, *big),
+                              lambda: adamw_pass(adam, L, M, V, G, *scal, write=False)),
         "momentum-sgd (global)": (lambda: unfused_momentum_sgd(W, M, G, decay, lr, mu, big[0]),
                                   lambda: fused.momentum_sgd(one, W, M, G, lr, mu)),
         "momentum-sgd (read only)": (lambda: unfused_momentum_sgd_read_only(L, G, M, decay, lr, mu, *big[:2]),

@@ -113,6 +113,17 @@ ADAMW_CONFIGS += [
     dict(algo="localsgd", delay=2, grad_clip=0.3, lr_schedule={"kind": "step", "every": 4}, **ADAMW)]
 
 
+# AdamW in float32 (its lr from the test), every algorithm and rule, clipping in some
+ADAMW_FLOAT32 = [dict(algo="ssd", comm="step", optimizer="adamw"),
+                 dict(algo="ssd", comm="step", optimizer="adamw", grad_clip=0.3),
+                 dict(algo="ssd", comm="period", period_rule="replay", optimizer="adamw"),
+                 dict(algo="ssd", comm="period", period_rule="delta-own", optimizer="adamw", grad_clip=0.3),
+                 dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2, optimizer="adamw"),
+                 dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1, merge_momentum=0.0,
+                      optimizer="adamw"),
+                 dict(algo="localsgd", optimizer="adamw", grad_clip=0.3)]
+
+
 def cfg_id(d):
     return "-".join(f"{v}" if not isinstance(v, dict) else v["kind"] for v in d.values())
 
@@ -161,7 +172,8 @@ def test_reference_match(communicator, settings):
                                       dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2,
                                            merge_momentum=0.5),
                                       dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1,
-                                           merge_momentum=0.0)],
+                                           merge_momentum=0.0),
+                                      *ADAMW_FLOAT32],
                          ids=cfg_id)
 def test_reference_match_float32_is_bitwise_up_to_two_ranks(communicator, settings):
     """In float32 too: at 1-2 ranks the MPI path and the reference do the same operations."""
@@ -255,7 +267,14 @@ STATE_CONFIGS = [dict(algo="ssd", comm="step", local_update="glu-paper"),
                  dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2),
                  dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=1),
                  dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2, merge_momentum=0.0),
-                 dict(algo="localsgd"), dict(algo="odsgd"), dict(algo="ssgd")]
+                 dict(algo="localsgd"), dict(algo="odsgd"), dict(algo="ssgd"),
+                 # AdamW: the state m, v and the integer count (M.m, M.v, M.count; U.* and V.* per rank)
+                 dict(algo="ssd", comm="step", optimizer="adamw", grad_clip=0.3),
+                 dict(algo="ssd", comm="period", period_rule="replay", optimizer="adamw"),
+                 dict(algo="ssd", comm="period", period_rule="delta-own", optimizer="adamw"),
+                 dict(algo="ssd", comm="period", period_rule="delta-merge", merge_delay=2, optimizer="adamw",
+                      grad_clip=0.3),
+                 dict(algo="localsgd", optimizer="adamw"), dict(algo="ssgd", optimizer="adamw")]
 
 
 @pytest.mark.parametrize("settings", STATE_CONFIGS, ids=cfg_id)
@@ -297,6 +316,10 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
     assert np.array_equal(resumed.global_weights(), straight.global_weights())
     if straight.stage == "delay":
         assert np.array_equal(resumed.local_weights(), straight.local_weights())
+    if settings.get("optimizer") == "adamw":           # every saved field: m, v and the integer counts
+        a, b = resumed.state_dict(), straight.state_dict()
+        assert set(a) == set(b) and {"M.m", "M.v", "M.count"} <= set(a)
+        assert [key for key in a if not np.array_equal(a[key], b[key])] == []
 
 
 @pytest.mark.parametrize("settings", STATE_CONFIGS[:7], ids=cfg_id)

@@ -215,6 +215,7 @@ class FakeKernel:
         assert len(args) == len(self.params)
         ns = dict(zip(self.params, args))
         ns["T"] = next(a for a in args if isinstance(a, np.ndarray)).dtype.type
+        ns["sqrt"] = np.sqrt                       # CUDA's sqrt, correctly rounded like NumPy's
         for stmt in filter(None, (s.strip() for s in self.body.split(";"))):
             cond = re.fullmatch(r"if \((\w+)\) (.*)", stmt)
             if cond and not ns[cond[1]]:
