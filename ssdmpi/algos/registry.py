@@ -211,10 +211,10 @@ def default_text(name: str) -> str:
     s = SETTINGS[name]
     if s.default_text is not None:
         return s.default_text
-    if any(name in spec.defaults for spec in OPTIMIZERS.values()):
-        own = "; ".join(f"{default_value(name, o):g} with --optimizer {o}" for o in OPTIMIZERS
-                        if default_value(name, o) is not None)
-        return own + (f" ({s.where})" if s.where and s.group == ALGORITHM else "")
+    own = [f"{default_value(name, o):g} with --optimizer {o}" for o, spec in OPTIMIZERS.items()
+           if name in spec.defaults]
+    if own:
+        return "; ".join(own)
     if name not in RESOLVED:
         return str(s.default)
     users = [a for a, spec in ALGORITHMS.items() if spec.takes(name)]

@@ -252,10 +252,8 @@ def test_the_defaults_and_what_applies():
     cfg = AlgoConfig(optimizer="adamw").validate(2)
     assert (cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip, cfg.momentum) == \
         (0.9, 0.95, 1e-8, 0.1, 0.0, None)
-    assert cfg.merge_momentum == 0.0                 # each rank keeps its own moments at a merge
     sgd = AlgoConfig().validate(2)
-    assert (sgd.beta1, sgd.grad_clip, sgd.weight_decay, sgd.merge_momentum) == (None, None, 1e-4, 1.0)
-    assert AlgoConfig(optimizer="adamw", merge_momentum=1.0).validate(2).merge_momentum == 1.0
+    assert (sgd.beta1, sgd.grad_clip, sgd.weight_decay) == (None, None, 1e-4)
 
 
 def test_cli_refuses_in_one_line_exit_2_and_prints_the_adamw_settings(tmp_path):

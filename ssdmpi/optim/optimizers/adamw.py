@@ -221,7 +221,5 @@ GRAD_CLIP = Setting("grad_clip", 0.0, "clip the gradient each AdamW step sees to
                     functools.partial(number, low=0.0), metavar="C", group=OPTIMIZER)
 
 SPEC = OptimizerSpec("adamw", AdamW, settings=(BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP),
-                     # at a delta-merge merge each rank keeps its own moments unless --merge-momentum is given
-                     # (measured: docs/ALGORITHM.md section 14)
-                     defaults={"weight_decay": 0.1, "merge_momentum": 0.0}, merges=True,
+                     defaults={"weight_decay": 0.1}, merges=True,
                      summary="AdamW: W <- W (1 - lr wd mask); m, v <- EMA of g, g^2; W <- W - lr m^/(sqrt(v^) + eps)")
