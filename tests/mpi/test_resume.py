@@ -63,7 +63,24 @@ CASES = {
                              "--warmup-steps", str(WARMUP)],
     "ssgd": ["--algo", "ssgd"],
     "localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    # AdamW: the state m, v and the integer count (M.*, and per rank U.* or V.*), clipping in some
+    "adamw-ssd-step": ["--optimizer", "adamw", "--lr", "0.003", "--grad-clip", "0.5", "--algo", "ssd", "--comm", "step",
+                       "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    "adamw-ssd-period-mid-delay": ["--optimizer", "adamw", "--lr", "0.003", "--merge-delay", "3", "--delay", str(K),
+                                   "--warmup-steps", str(WARMUP)],
+    "adamw-ssd-period-merge-momentum": ["--optimizer", "adamw", "--lr", "0.003", "--merge-momentum", "1",
+                                        "--grad-clip", "0.5", "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    "adamw-ssd-period-delta-own": ["--optimizer", "adamw", "--lr", "0.003", "--period-rule", "delta-own",
+                                   "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    "adamw-ssd-period-replay": ["--optimizer", "adamw", "--lr", "0.003", "--period-rule", "replay",
+                                "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    "adamw-localsgd": ["--optimizer", "adamw", "--lr", "0.003", "--algo", "localsgd", "--delay", str(K),
+                       "--warmup-steps", str(WARMUP)],
+    "adamw-ssgd": ["--optimizer", "adamw", "--lr", "0.003", "--grad-clip", "0.5", "--algo", "ssgd"],
 }
+# The per-rank optimizer state each AdamW case saves besides the global M.* (the integer count included).
+ADAMW_OWN = {"adamw-ssd-period-mid-delay": "period.U", "adamw-ssd-period-merge-momentum": "period.U",
+             "adamw-ssd-period-delta-own": "period.U", "adamw-localsgd": "V"}
 
 
 def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True, held=None):
@@ -100,13 +117,18 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True, held=
 @pytest.mark.parametrize("case", list(CASES))
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
     args = COMMON + ["--steps", str(S)] + CASES[case]
-    held = {"ssd-period-mid-delay": True, "ssd-period": False}.get(case)
-    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=case.startswith("ssd"),
-                                                 held=held)
+    held = {"ssd-period-mid-delay": True, "ssd-period": False, "adamw-ssd-period-mid-delay": True,
+            "adamw-ssd-period-merge-momentum": False}.get(case)
+    delay_stage = case.removeprefix("adamw-").startswith("ssd")
+    diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=delay_stage, held=held)
     assert diff == [], f"not bitwise identical after resume: {diff}"
     last = f"rank_{MPI.COMM_WORLD.Get_size() - 1:04d}"
-    assert {"shared/algo/W", "shared/algo/M", f"{last}/algo/t", f"{last}/loader/sample_offset"} <= set(compared)
-    if case.startswith("ssd") or case == "localsgd":
+    state = {"shared/algo/M.m", "shared/algo/M.v", f"{last}/algo/M.count"} if case.startswith("adamw") \
+        else {"shared/algo/M"}
+    assert state | {"shared/algo/W", f"{last}/algo/t", f"{last}/loader/sample_offset"} <= set(compared)
+    if case in ADAMW_OWN:
+        assert {f"{last}/algo/{ADAMW_OWN[case]}.{part}" for part in ("m", "v", "count")} <= set(compared)
+    if delay_stage or case.endswith("localsgd"):
         assert f"{last}/algo/L" in compared
 
 

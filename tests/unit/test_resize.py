@@ -41,13 +41,23 @@ ALGOS = {
                              "--warmup-steps", str(WARMUP)],
     "localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     "asgd": ["--algo", "asgd", "--servers", "1", "--warmup-steps", str(WARMUP)],
+    # AdamW: m and v averaged like the velocity, the integer count kept (old rank 0's, the same on every rank)
+    "adamw-ssd-period-mid-delay": ["--optimizer", "adamw", "--lr", "0.003", "--merge-delay", "3", "--delay", str(K),
+                                   "--warmup-steps", str(WARMUP)],
+    "adamw-asgd": ["--optimizer", "adamw", "--lr", "0.003", "--grad-clip", "1", "--algo", "asgd", "--servers", "1",
+                   "--warmup-steps", str(WARMUP)],
 }
-GLOBAL_BATCH = {"asgd": 6}          # asgd: 3 workers x 2 or 1 worker x 6; the others: 4 x 4 or 2 x 8
+GLOBAL_BATCH = {"asgd": 6, "adamw-asgd": 6}          # asgd: 3 workers x 2 or 1 worker x 6; the others: 4 x 4 or 2 x 8
 DEFAULT_GLOBAL_BATCH = 16
 
 
 def workers(algo: str, ranks: int) -> int:
-    return ranks - 1 if algo == "asgd" else ranks
+    return ranks - 1 if algo.removeprefix("adamw-") == "asgd" else ranks
+
+
+def state_parts(algo: str, name: str) -> tuple:
+    """The checkpoint keys of optimizer state ``name``: itself (momentum SGD's velocity) or AdamW's parts."""
+    return (f"{name}.m", f"{name}.v") if algo.startswith("adamw-") else (name,)
 
 
 def launch(ranks: int, argv: list, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -67,6 +77,7 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
     """The state the resume built (``new``) from the old ranks' (``old``), by the documented rules."""
     close = {"rtol": 1e-5, "atol": 1e-6}
     first = "rank_0000"
+    adamw, algo = algo.startswith("adamw-"), algo.removeprefix("adamw-")
     for r in range(n_new):
         rank = f"rank_{r:04d}"
         assert new[f"{rank}/algo/t"] == old[f"{first}/algo/t"] == STOP
@@ -84,14 +95,18 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
             rank = f"rank_{r:04d}"
             if r in servers:     # the one server keeps its W and M exactly; staleness restarts
                 assert np.array_equal(new[f"{rank}/algo/W_shard"], W)
-                assert np.array_equal(new[f"{rank}/algo/M_shard"], old[f"rank_{n_old - 1:04d}/algo/M_shard"])
+                for key in state_parts("adamw-" * adamw + algo, "M_shard") + (("M_shard.count",) if adamw else ()):
+                    assert np.array_equal(new[f"{rank}/algo/{key}"], old[f"rank_{n_old - 1:04d}/algo/{key}"]), key
                 assert list(new[f"{rank}/algo/version"]) == [old[f"rank_{n_old - 1:04d}/algo/s"]] * (n_new - 1)
                 assert list(new[f"{rank}/algo/pushes"]) == [STOP] * (n_new - 1)
             else:                # every worker starts from a fresh pull of W
                 assert np.array_equal(new[f"{rank}/algo/L"], W)
         return
-    M = old["shared/algo/M"]
-    assert np.array_equal(new["shared/algo/M"], M)
+    for key in state_parts("adamw-" * adamw + algo, "M"):
+        assert np.array_equal(new[f"shared/algo/{key}"], old[f"shared/algo/{key}"])
+    for r in range(n_new):
+        for key in (("M.count", "period.U.count") if algo.startswith("ssd-period") else ("M.count",)) if adamw else ():
+            assert new[f"rank_{r:04d}/algo/{key}"] == old[f"{first}/algo/{key}"] > 0, key
     W, s = old["shared/algo/W"], old[f"{first}/algo/s"]
     if algo.startswith("ssd-period"):
         # a sum in flight at the stop: only mid-delay (delta-merge's d = 1 has merged it at m = 15)
@@ -110,7 +125,8 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
         if algo.startswith("ssd-period"):
             assert np.array_equal(new[f"{rank}/algo/L"], new["shared/algo/W"])
             assert np.array_equal(new[f"{rank}/algo/period.S"], new["shared/algo/W"])
-            np.testing.assert_allclose(new[f"{rank}/algo/period.U"], mean_over_ranks(old, n_old, "period.U"), **close)
+            for key in state_parts("adamw-" * adamw + algo, "period.U"):
+                np.testing.assert_allclose(new[f"{rank}/algo/{key}"], mean_over_ranks(old, n_old, key), **close)
         for key in {"ssd-step": ["L"], "localsgd": ["L", "V"]}.get(algo, []):
             np.testing.assert_allclose(new[f"{rank}/algo/{key}"], mean_over_ranks(old, n_old, key), **close)
 
