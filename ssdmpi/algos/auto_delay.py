@@ -24,24 +24,33 @@ Contract:
   in its linear map (``RuleSpec.linear_map``, with the run's values of its other settings ``fixed``,
   scanned in steps of ``AUTO_SCAN_STEP``) is at least ``AUTO_STABILITY`` times momentum SGD's own,
   ``2 (1 + mu)``.
-- ``probe_cpu(comm, buf, repeats)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
+- ``probe_cpu(comm, buf, repeats, compressor)``: COLLECTIVE. This rank's thread CPU seconds per allreduce
   of ``buf`` started with ``allreduce_start`` and polled every millisecond with ``test()``
   (the median of ``repeats``): the work that moves the data, without the waiting (a blocking
-  wait spins, so its CPU time is its wall time and says nothing).
+  wait spins, so its CPU time is its wall time and says nothing). ``compressor``: the run's
+  ``--comm-dtype`` (its encoding and shard sums are CPU work too).
+- ``probe_ratio(comm, buf, compressor, repeats)``: COLLECTIVE. How much longer (or shorter) a sum of
+  ``buf`` takes in ``--comm-dtype`` than in float32: the ratio of the two medians of ``repeats``
+  timed allreduces each (start to wait, interleaved, slowest rank). The warm-up measures the float32
+  allreduce its steps make; the period's posts travel compressed: ``choose`` scales ``T`` by this
+  measured ratio (not the byte ratio: the encoding, the shard sums and the two collectives' latency
+  are in it too).
 - ``DelayMeter``: one rank's warm-up measurements. ``add(c, T, u)`` after every warm-up step
   (``c``: the step's time outside the blocking allreduce, i.e. forward, backward and the global
   update; ``T``: the allreduce's time, from ``comm.stats``; ``u``: the global update's part of
   ``c``); ``choose(comm, step, probe)`` at the switch is COLLECTIVE: one
   ``allreduce_scalars(op="max")`` of each rank's medians over its
-  last ``WINDOW`` steps; then, with ``probe`` (a callable ``fraction -> CPU seconds``, see
+  last ``WINDOW`` steps; with ``ratio`` (a callable, ``probe_ratio``: ``--comm-dtype``), ``T`` times the
+  agreed ratio; then, with ``probe`` (a callable ``fraction -> CPU seconds``, see
   ``probe_cpu``), ``PROBE_REPEATS`` probe allreduces of the fraction ``q = min(1, c / T)`` of
   the gradient (so that a probe takes about one step of time) and a second
   ``allreduce_scalars(op="max")`` of their CPU time, giving ``cpu_s = cpu / q``; then
   ``choose_delay(c, T, cpu_s + u)``. Every rank computes the same function of the same numbers, so
   every rank gets the same ``k``, however noisy its own clock. The median drops a cold first
   step and the odd pause; the maximum over ranks is the slowest rank, which sets the pace.
-- ``DelayChoice``: the result (``k``, ``d``, the agreed ``compute_s``, ``allreduce_s``, ``cpu_s`` and
-  ``update_s``, the step it was chosen at, the samples per rank, the largest ``k`` allowed);
+- ``DelayChoice``: the result (``k``, ``d``, the agreed ``compute_s``, ``allreduce_s`` (the period's
+  sum: the warm-up's float32 time times ``comm_ratio``), ``cpu_s`` and ``update_s``, the step it was
+  chosen at, the samples per rank, the largest ``k`` allowed, ``comm_ratio``);
   ``record()`` is its ``kind: delay`` metrics record.
 
 ``hi`` is ``--delay-max`` (default ``DELAY_RANGE[1]``): a cap on the period. Every condition is
@@ -145,7 +154,26 @@ def stable_region(linear_map, mu: float, chosen: str, fixed: dict | None = None)
     return lambda k, d: stable(int(k), int(d))
 
 
-def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS) -> float:
+def probe_ratio(comm, buf, compressor, repeats: int = PROBE_REPEATS) -> float:
+    """COLLECTIVE: the median time of a compressed sum of ``buf`` (with ``compressor``, scratch error
+    feedback) over the median time of a float32 one, each timed start to wait after a barrier,
+    interleaved, the slowest rank's medians (the same ratio on every rank)."""
+    import time
+
+    times = {None: [], "compressed": []}
+    for _ in range(repeats):
+        for key, c in ((None, None), ("compressed", compressor)):
+            comm.barrier()
+            start = time.perf_counter()
+            (comm.allreduce_start(buf, average=False, compressor=c) if c is not None
+             else comm.allreduce_start(buf, average=False)).wait()
+            times[key].append(time.perf_counter() - start)
+    agreed = comm.allreduce_scalars({"f32": statistics.median(times[None]),
+                                     "compressed": statistics.median(times["compressed"])}, op="max")
+    return agreed["compressed"] / agreed["f32"] if agreed["f32"] > 0 else 1.0
+
+
+def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS, compressor=None) -> float:
     """COLLECTIVE: the median over ``repeats`` of this rank's thread CPU seconds for one allreduce
     of ``buf`` (a sum; ``buf``'s contents are overwritten) started with ``comm.allreduce_start``
     and polled with ``test()`` every ``PROBE_POLL_S`` until done. Under ``--progress test`` the data
@@ -157,7 +185,8 @@ def probe_cpu(comm, buf, repeats: int = PROBE_REPEATS) -> float:
     for _ in range(repeats):
         comm.barrier()                     # every rank starts together: no time spent waiting for a late one
         start = time.thread_time()
-        handle = comm.allreduce_start(buf, average=False)
+        handle = (comm.allreduce_start(buf, average=False, compressor=compressor) if compressor is not None
+                  else comm.allreduce_start(buf, average=False))
         while not handle.test():
             time.sleep(PROBE_POLL_S)
         handle.wait()
@@ -171,25 +200,28 @@ class DelayChoice:
 
     k: int
     compute_s: float      # max over ranks of the median compute seconds per warm-up step
-    allreduce_s: float    # max over ranks of the median allreduce seconds per warm-up step
+    allreduce_s: float    # max over ranks of the median allreduce seconds per warm-up step, x comm_ratio
     step: int             # iterations done when k was chosen (T_w)
     samples: int          # warm-up steps the medians are over (the smallest count of any rank)
     cpu_s: float = 0.0    # CPU seconds one allreduce in flight takes from the compute (probed; slowest rank)
     update_s: float = 0.0  # seconds of the global update per warm-up step (the period-end pass's stand-in)
     hi: int = DELAY_RANGE[1]  # the largest k it could choose (--delay-max)
     d: int | None = None  # the merge delay (None: a checkpoint from before auto chose one)
+    comm_ratio: float = 1.0  # --comm-dtype's measured time over float32's (probe_ratio; 1: float32)
 
     def record(self) -> dict:
         """The ``kind: delay`` metrics record (ssdmpi/metrics.py): ``delay`` the period k, ``window`` the merge
         delay d (the steps between a period's post and its merge, the rule's setting that auto chose)."""
         return {"kind": "delay", "step": self.step, "delay": self.k, "window": self.d,
                 "compute_s": self.compute_s, "allreduce_s": self.allreduce_s, "allreduce_cpu_s": self.cpu_s,
-                "update_s": self.update_s, "samples": self.samples, "range": [DELAY_RANGE[0], self.hi]}
+                "update_s": self.update_s, "samples": self.samples, "range": [DELAY_RANGE[0], self.hi],
+                "comm_ratio": self.comm_ratio}
 
     def text(self) -> str:
         """One line for the display and the summary."""
         return (f"delay auto: k = {self.k}, d = {self.d} (chosen at step {self.step}: compute "
-                f"{self.compute_s * 1e3:.1f} ms, allreduce {self.allreduce_s * 1e3:.1f} ms per step, "
+                f"{self.compute_s * 1e3:.1f} ms, allreduce {self.allreduce_s * 1e3:.1f} ms per step"
+                f"{f' (float32 x {self.comm_ratio:.2f}, measured)' if self.comm_ratio != 1.0 else ''}, "
                 f"{self.cpu_s * 1e3:.1f} ms CPU in flight, update {self.update_s * 1e3:.1f} ms; median of "
                 f"{self.samples} warm-up steps, slowest rank; d: the smallest with d*compute >= "
                 f"{1 + SLACK:g}*allreduce, k in {DELAY_RANGE[0]}-{self.hi}: the smallest whose per-period CPU and "
@@ -201,7 +233,8 @@ class DelayChoice:
         return {"auto.k": self.k, "auto.compute_s": self.compute_s, "auto.allreduce_s": self.allreduce_s,
                 "auto.step": self.step, "auto.samples": self.samples, "auto.cpu_s": self.cpu_s,
                 "auto.update_s": self.update_s, "auto.hi": self.hi,
-                **({"auto.d": self.d} if self.d is not None else {})}
+                **({"auto.d": self.d} if self.d is not None else {}),
+                **({"auto.comm_ratio": self.comm_ratio} if self.comm_ratio != 1.0 else {})}
 
     @classmethod
     def from_state(cls, d: dict) -> DelayChoice:
@@ -212,7 +245,7 @@ class DelayChoice:
         return cls(int(d["auto.k"]), float(d["auto.compute_s"]), float(d["auto.allreduce_s"]),
                    int(d["auto.step"]), int(d["auto.samples"]), float(d.get("auto.cpu_s", 0.0)),
                    float(d.get("auto.update_s", 0.0)), int(d.get("auto.hi", DELAY_RANGE[1])),
-                   int(d["auto.d"]) if "auto.d" in d else None)
+                   int(d["auto.d"]) if "auto.d" in d else None, float(d.get("auto.comm_ratio", 1.0)))
 
 
 class DelayMeter:
@@ -230,11 +263,15 @@ class DelayMeter:
         self.samples.append((max(0.0, float(compute_s)), max(0.0, float(allreduce_s)), max(0.0, float(update_s))))
         del self.samples[:-self.window]
 
-    def choose(self, comm, step: int, probe=None) -> DelayChoice:
+    def choose(self, comm, step: int, probe=None, ratio=None) -> DelayChoice:
         """Collective (every rank, at the switch): the agreed ``DelayChoice``. ``probe(fraction)``:
         this rank's CPU seconds per allreduce of that fraction of the gradient (``probe_cpu``);
-        without one, ``W = 0``."""
+        without one, ``W = 0``. ``ratio()``: the period's sums' time over the warm-up's float32
+        allreduce's (``probe_ratio``, the same on every rank); without one, 1."""
         agreed = comm.allreduce_scalars(self.summary(), op="max")
+        if ratio is not None:
+            r = float(ratio())
+            agreed = dict(agreed, T=agreed["T"] * r, ratio=r)
         c, T = agreed["c"], agreed["T"]
         if probe is not None and T > 0:
             fraction = min(1.0, c / T) if c > 0 else 1.0      # the same on every rank: agreed inputs
@@ -269,7 +306,8 @@ class DelayMeter:
 
 def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1], d: int | None = None, *, stable) -> DelayChoice:
     """The choice in ``[DELAY_RANGE[0], hi]`` from ``DelayMeter.summary()`` reduced with ``max``
-    over ranks, plus the probed ``cpu`` when there is one (the same on every rank); ``d`` a fixed
+    over ranks, plus the probed ``cpu`` when there is one and the ``ratio`` ``T`` was scaled by
+    (``--comm-dtype``), the same on every rank; ``d`` a fixed
     merge delay (None: chosen), ``stable(k, d)`` the rule's stable region (``stable_region``)."""
     c, T, fewest = float(agreed["c"]), float(agreed["T"]), int(-agreed["fewest"])
     cpu, u = max(0.0, float(agreed.get("cpu", 0.0))), max(0.0, float(agreed.get("u", 0.0)))
@@ -279,4 +317,4 @@ def decide(agreed: dict, step: int, hi: int = DELAY_RANGE[1], d: int | None = No
     # step took one nanosecond.
     k, d = choose_period(max(c, 1e-9), T, cpu + u, lo, hi, stable, d)
     return DelayChoice(k=k, compute_s=c, allreduce_s=T, step=int(step), samples=fewest, cpu_s=cpu, update_s=u,
-                       hi=hi, d=d)
+                       hi=hi, d=d, comm_ratio=float(agreed.get("ratio", 1.0)))

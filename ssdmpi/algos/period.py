@@ -16,6 +16,13 @@ print(registry.RULES)"`` lists them. A rule sees the algorithm only through its
 A result drained between iterations (checkpoint) is held (``has_Rp``, ``Rp``) and
 applied at the boundary where the wait would have returned it, so resuming is bitwise.
 
+``--comm-dtype`` (``PeriodState.comm_dtype``): every post of a rule (``PeriodRule._post``) travels
+compressed (``ssdmpi/comm/compressed.py``: bfloat16, float16 or int8 on the wire, summed in float32,
+the same result on every rank) with error feedback; what the rule does with the sum is unchanged. The
+residuals are the rule's state (``ef.residual``, ``ef.shard_residual``: resumed bitwise; restarted at
+zero on another rank count, ``PeriodRule.resized_transport``). The blocking mean of a partial period at
+the end of training (``finalize``) is float32.
+
 Adding a rule: a file in ``ssdmpi/algos/rules/`` (a ``PeriodRule`` subclass and its ``SPEC``),
 the same rule written independently from the spec in ``ssdmpi/verify/reference.py`` (the twin
 its ``SPEC`` names), and its tests; nothing else names it.
@@ -45,8 +52,9 @@ class PeriodState:
     ``optimizer`` the inner optimizer (``ssdmpi/optim/part.py``: it steps ``W`` with ``M``, and a
     rule's own per-rank state); ``local`` the ``--local-update`` (None for a rule without one) and
     ``local_lr(t)`` its lr; ``comm`` the Communicator (``allreduce_start``, ``allreduce_mean``);
-    ``poll`` the progress hook of the fused passes (or None). A rule's own settings are the keyword
-    arguments it is built with, not in here.
+    ``poll`` the progress hook of the fused passes (or None); ``comm_dtype`` what its posts travel as
+    (``--comm-dtype``; None: uncompressed float32). A rule's own settings are the keyword arguments it is
+    built with, not in here.
     """
 
     xp: object
@@ -64,6 +72,7 @@ class PeriodState:
     local_lr: object
     comm: object
     poll: object = None
+    comm_dtype: str | None = None
 
 
 class PeriodRule:
@@ -86,6 +95,8 @@ class PeriodRule:
         self._other = state.xp.zeros_like(state.W)     # in flight, or a held result, or free
         self._handle = None
         self._held = False
+        # the posts' compressed transport and its error feedback (None: float32, a plain allreduce)
+        self._compressor = None if state.comm_dtype is None else state.comm.compressor(state.comm_dtype, state.W)
 
     def begin(self) -> None:
         pass
@@ -94,7 +105,10 @@ class PeriodRule:
         return self.st.schedule(t)
 
     def _post(self, buf):
-        return self.st.comm.allreduce_start(buf, average=not self.folds_mean)
+        """Start the allreduce of ``buf`` (sum, or mean unless ``folds_mean``), in ``--comm-dtype``."""
+        if self._compressor is None:
+            return self.st.comm.allreduce_start(buf, average=not self.folds_mean)
+        return self.st.comm.allreduce_start(buf, average=not self.folds_mean, compressor=self._compressor)
 
     def drain(self) -> None:
         """Complete the request in flight and hold its mean (a folded sum is divided here: drains
@@ -128,10 +142,13 @@ class PeriodRule:
         self._handle, self._held = None, False
 
     def state_dict(self) -> dict:
-        """The live buffers: ``acc``, ``has_Rp`` and, when 1, the held mean ``Rp``."""
+        """The live buffers: ``acc``, ``has_Rp`` and, when 1, the held mean ``Rp``; with ``--comm-dtype``
+        the error feedback (``ef.residual``, ``ef.shard_residual``: this rank's)."""
         d = {"acc": self._acc, "has_Rp": int(self._held)}
         if self._held:
             d["Rp"] = self._other
+        if self._compressor is not None:
+            d.update({f"ef.{k}": v for k, v in self._compressor.state_dict().items()})
         return d
 
     def replicated(self) -> tuple:
@@ -144,8 +161,22 @@ class PeriodRule:
         where this rule needs more; return what was merged ("": nothing more)."""
         return ""
 
+    @staticmethod
+    def resized_transport(state: dict, prefix: str = "") -> str:
+        """Resuming on another number of ranks: the error feedback restarts at zero (the shards are
+        others, and an average would owe the old ranks' debt ``N'/N`` times); "" when there was none."""
+        keys = [key for key in state if key.startswith(f"{prefix}ef.")]
+        for key in keys:
+            del state[key]
+        return "the compressed transport's error-feedback residuals restart at zero" if keys else ""
+
     def load_state_dict(self, d: dict) -> None:
         xp = self.st.xp
+        if self._compressor is not None:
+            if "ef.residual" in d:
+                self._compressor.load_state_dict({k[3:]: v for k, v in d.items() if k.startswith("ef.")})
+            else:
+                self._compressor.reset()
         self._handle = None
         if "acc" in d:
             self._acc[...] = xp.asarray(d["acc"])

@@ -10,7 +10,8 @@ import functools
 
 from ssdmpi.algos import auto_delay
 from ssdmpi.algos.base import DELAY, DELAY_MAX, Algorithm
-from ssdmpi.algos.period import PeriodState
+from ssdmpi.algos.period import PeriodRule, PeriodState
+from ssdmpi.comm.compressed import DTYPES as COMM_DTYPES
 from ssdmpi.errors import UserError
 from ssdmpi.optim.local import LOCAL_LR_UPDATES, LOCAL_UPDATES, make_local_update
 from ssdmpi.optim.schedules import check_schedule
@@ -126,6 +127,10 @@ class SSDPeriod(_SSDBase):
         self.rule = None
         self.rule_spec, self.rule_settings = parts.rule, dict(parts.rule_settings)
         self.auto = config.delay == "auto"
+        self.comm_dtype = config.comm_dtype or COMM_DTYPE.default
+        if self.comm_dtype != COMM_DTYPE.default and model.params.dtype.str[1:] != "f4":
+            raise UserError(f"--comm-dtype {self.comm_dtype} sends float32 sums compressed; this model is "
+                            f"{model.params.dtype}: use --dtype float32, or --comm-dtype float32")
         super().__init__(config, model, communicator, parts)
         if self.auto:
             self.k = None
@@ -163,13 +168,21 @@ class SSDPeriod(_SSDBase):
 
     def _choose_delay(self) -> None:
         """Collective, at the switch: agree on ``k`` (auto_delay.py, with its CPU probe on a scratch
-        buffer: no weight changes) and report it."""
-        n = self.model.grads.size
+        buffer: no weight changes) and report it. With ``--comm-dtype``, the warm-up's float32
+        allreduce time is scaled by the measured ratio of the compressed sum's time to float32's
+        (``auto_delay.probe_ratio``), and the CPU probe sends compressed (scratch error feedback)."""
+        n, dtype, compressed = self.model.grads.size, self.model.grads.dtype, self.comm_dtype != COMM_DTYPE.default
 
         def probe(fraction: float) -> float:
-            return auto_delay.probe_cpu(self.comm, self.xp.zeros(max(1, int(fraction * n)), self.model.grads.dtype))
+            buf = self.xp.zeros(max(1, int(fraction * n)), dtype)
+            return auto_delay.probe_cpu(self.comm, buf, compressor=self.comm.compressor(self.comm_dtype, buf)
+                                        if compressed else None)
 
-        self._chosen(self._meter.choose(self.comm, self.t, probe))
+        def ratio() -> float:
+            buf = self.xp.zeros(n, dtype)
+            return auto_delay.probe_ratio(self.comm, buf, self.comm.compressor(self.comm_dtype, buf))
+
+        self._chosen(self._meter.choose(self.comm, self.t, probe, ratio if compressed else None))
         if self.on_delay_chosen is not None:
             self.on_delay_chosen(self.delay_choice)
 
@@ -202,7 +215,8 @@ class SSDPeriod(_SSDBase):
             self._make_local()
         state = PeriodState(xp=self.xp, W=self.W, M=self.M, L=self.L, mask=self.mask, counts=self.counts, N=self.N,
                             k=self.k, T_w=self.T_w, schedule=self.schedule, optimizer=self.optimizer,
-                            local=self.local, local_lr=self.local_lr_at, comm=self.comm, poll=self.poll)
+                            local=self.local, local_lr=self.local_lr_at, comm=self.comm, poll=self.poll,
+                            comm_dtype=self.comm_dtype if self.comm_dtype != COMM_DTYPE.default else None)
         self.rule = self.rule_spec.implementation(state, **self.rule_settings)
         self.rule.begin()
 
@@ -259,11 +273,14 @@ class SSDPeriod(_SSDBase):
         return tuple(f"period.{k}" for k in self.rule.replicated())
 
     def resized_state(self, ctx) -> tuple[dict, str]:
-        """The averaged state (``Algorithm``), then the period rule's own merge (``PeriodRule.resized``)."""
+        """The averaged state (``Algorithm``), then the period rule's own merge (``PeriodRule.resized``);
+        the compressed transport's error feedback restarts (``PeriodRule.resized_transport``)."""
         state, merged = super().resized_state(ctx)
         if str(state.get("stage")) == "delay":
             k = int(state["auto.k"]) if self.auto else self.k
             merged = self.rule_spec.implementation.resized(state, k) or merged
+            restarted = PeriodRule.resized_transport(state, "period.")
+            merged = f"{merged}; {restarted}" if restarted else merged
         return state, merged
 
     def _load_delay_state(self, d: dict) -> None:
@@ -327,7 +344,12 @@ LOCAL_LR_SCHEDULE = Setting("local_lr_schedule", None, "schedule of the local lr
 GLU_DIVISOR = Setting("glu_divisor", 12.0, "divisor C of --local-update glu-paper", float,
                       functools.partial(number, low=0.0, strict=True), metavar="C", group=ALGORITHM,
                       applies=lambda run: run.local_update == "glu-paper", where="--local-update glu-paper")
-SETTINGS = (DELAY, DELAY_MAX, COMM, PERIOD_RULE, LOCAL_UPDATE, LOCAL_LR, LOCAL_LR_SCHEDULE, GLU_DIVISOR)
+COMM_DTYPE = Setting("comm_dtype", "float32", "what --comm period's sums travel as: float32 (the model's dtype), "
+                     "bfloat16 or float16 (casts), int8 (blocks of 256 with a float32 scale each); summed in "
+                     "float32, the same on every rank, with error feedback (docs/ALGORITHM.md, compressed "
+                     "transport)", choices=COMM_DTYPES, group=ALGORITHM, applies=lambda run: run.comm == "period",
+                     where="--algo ssd --comm period", structural=True)
+SETTINGS = (DELAY, DELAY_MAX, COMM, PERIOD_RULE, COMM_DTYPE, LOCAL_UPDATE, LOCAL_LR, LOCAL_LR_SCHEDULE, GLU_DIVISOR)
 
 
 def _auto_applies(run, world_size) -> None:

@@ -18,6 +18,7 @@ mpi4py baseline of ``ssdmpi bench comm``).
   applies ssdmpi's MPI settings first; the library's version.
 - ``trees.py``: how a state tree travels (a pickled skeleton, raw array buffers).
 - ``fused_mean.py``: the blocking mean with the division done in cache.
+- ``compressed.py``: sums sent as bfloat16, float16 or int8 (``--comm-dtype``), with error feedback.
 - ``transport.py``: how GPU buffers reach MPI (``host`` staging, ``cuda-aware``).
 - ``stats.py``: per-interval timings (``snapshot_and_reset()`` keys).
 - ``watchdog.py``: the stall watchdog (names the operation and the missing ranks, aborts).

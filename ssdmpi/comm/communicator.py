@@ -14,8 +14,9 @@ Contract (the layers above code against it; nothing outside ``ssdmpi/comm/`` tou
 - Its calls are those of its three channels, forwarded under the same names:
 
   - ``.grads`` (``ssdmpi/comm/gradients.py``, one class per progress strategy in
-    ``ssdmpi/comm/progress/``): ``allreduce_start(buf, average) -> handle``, ``handle.wait()``,
-    ``allreduce``, ``allreduce_mean``, ``broadcast``, ``progress()``;
+    ``ssdmpi/comm/progress/``): ``allreduce_start(buf, average, compressor=None) -> handle``,
+    ``handle.wait()``, ``allreduce``, ``allreduce_mean``, ``broadcast``, ``progress()``, and
+    ``compressor(dtype, like)`` for compressed sums (``ssdmpi/comm/compressed.py``);
   - ``.control`` (``ssdmpi/comm/control.py``): ``barrier``, ``broadcast_object``,
     ``check_agreement``, ``agree_error``, ``agree``, ``any_true``, ``allreduce_scalars`` (and
     ``allreduce_scalars_start``, nonblocking), ``gather_trees``, ``scatter_trees``;
@@ -90,9 +91,15 @@ class Communicator:
         atexit.register(self._stop_threads)
 
     # -- gradient traffic (``ssdmpi/comm/gradients.py``) ------------------------------------
-    def allreduce_start(self, buf, average: bool = True):
-        """Start an in-place allreduce (sum, or mean when ``average``) -> ``AllreduceHandle``."""
-        return self.grads.allreduce_start(buf, average)
+    def allreduce_start(self, buf, average: bool = True, compressor=None):
+        """Start an in-place allreduce (sum, or mean when ``average``) -> ``AllreduceHandle``; with a
+        ``compressor`` (``compressor()``) the sum travels compressed."""
+        return self.grads.allreduce_start(buf, average, compressor)
+
+    def compressor(self, dtype: str, like):
+        """A stream of compressed sums (``dtype``: ``ssdmpi/comm/compressed.py``'s ``DTYPES`` but float32)
+        of float32 buffers shaped as ``like``, with its error feedback. Not collective."""
+        return self.grads.compressor(dtype, like)
 
     def allreduce(self, buf, average: bool = True):
         """Blocking, in place: ``buf <- sum`` (or mean) over ranks; returns ``buf``."""

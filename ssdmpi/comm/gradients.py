@@ -4,11 +4,13 @@ Contract (``Communicator`` forwards these calls; see ``ssdmpi/comm/communicator.
 
 - A *flat buffer* is a C-contiguous array (NumPy, or a device array exposing
   ``__cuda_array_interface__`` such as CuPy's); it is reduced as one 1-D vector, in place.
-- ``allreduce_start(buf, average=True) -> AllreduceHandle``: nonblocking. The caller must not
-  read or write ``buf`` until ``handle.wait()`` returns; ``wait()`` returns ``buf`` holding the
-  sum over ranks (or the mean when ``average``; float buffers only). ``handle.test()`` is True
-  once the reduction completed (``wait()`` then returns at once, after finalising).
+- ``allreduce_start(buf, average=True, compressor=None) -> AllreduceHandle``: nonblocking. The
+  caller must not read or write ``buf`` until ``handle.wait()`` returns; ``wait()`` returns ``buf``
+  holding the sum over ranks (or the mean when ``average``; float buffers only). ``handle.test()``
+  is True once the reduction completed (``wait()`` then returns at once, after finalising).
   Requests complete in the order they were posted; every rank must post the same sequence.
+  ``compressor`` (a ``Compressor`` of ``ssdmpi/comm/compressed.py``, from ``compressor(dtype, like)``):
+  the sum travels compressed (float32 buffers, one request whatever the buckets), as that module says.
 - ``progress()``: cheap; with ``--progress test`` (and ``poll``) it moves outstanding requests
   along (call it between layers or steps); a no-op for the other strategies.
 - ``allreduce(buf, average=True)`` / ``allreduce_mean(buf)`` and ``broadcast(buf, root=0)``:
@@ -19,7 +21,7 @@ Who drives a posted allreduce to completion is the progress strategy: one subcla
 ``GradientChannel`` per strategy, in ``ssdmpi/comm/progress/`` (``create`` there makes one). This
 base class holds what every strategy shares: the checks, staging, buckets, the blocking reduction
 (``allreduce`` under every strategy, and ``allreduce_start`` under ``blocking``), the wait's
-copy back and division, and the timings in ``stats``.
+copy back and division, and the timings and wire bytes in ``stats`` (``wire_bytes``).
 
 Results are bitwise identical on every rank: MPI's builtin SUM gives every rank the same
 bytes (each element is reduced once, or by commutative pairs, and then distributed), buckets
@@ -63,13 +65,16 @@ class AllreduceHandle:
     division still due (``_divisor``, ``_divided``), and the clock readings of ``stats``.
     """
 
-    __slots__ = ("buf", "seq", "nbytes", "_owner", "_work", "_buckets", "_divisor", "_divided",
+    __slots__ = ("buf", "seq", "nbytes", "wire_bytes", "_owner", "_work", "_buckets", "_divisor", "_divided",
                  "_requests", "_event", "_error", "_t_posted", "_t_returned", "_t_complete", "_final",
-                 "_staged", "_unposted")
+                 "_staged", "_unposted", "_chain")
 
-    def __init__(self, owner, buf, staged, buckets, divisor, seq, t_posted):
+    def __init__(self, owner, buf, staged, buckets, divisor, seq, t_posted, chain=None):
         self.buf, self.seq, self.nbytes = buf, seq, buf.nbytes
         self._owner, self._staged, self._work, self._buckets = owner, staged, staged.work, buckets
+        self._chain = chain     # a compressed sum (``ssdmpi/comm/compressed.py``), or None
+        self.wire_bytes = (chain.compressor.wire_bytes if chain is not None
+                           else sum(wire_bytes(b.nbytes, owner.size) for b in buckets))
         self._divisor, self._divided = divisor, False
         self._requests = self._event = self._error = None
         self._t_posted, self._t_returned = t_posted, 0.0
@@ -77,6 +82,8 @@ class AllreduceHandle:
         self._final = self._unposted = False
 
     def __str__(self) -> str:
+        if self._chain is not None:
+            return f"{self._chain} #{self.seq} of {format_bytes(self.nbytes)}"
         text = f"Iallreduce #{self.seq} of {format_bytes(self.nbytes)}"
         return text + (f" ({len(self._buckets)} buckets)" if len(self._buckets) > 1 else "")
 
@@ -96,6 +103,13 @@ class AllreduceHandle:
         return self.buf
 
 
+def wire_bytes(nbytes: int, size: int) -> int:
+    """Bytes one rank sends in an allreduce of ``nbytes`` on ``size`` ranks: ``2 (size-1)/size nbytes``,
+    what the bandwidth-optimal algorithms (ring; reduce-scatter then allgather) that MPI libraries use
+    for large buffers send (recursive doubling, for small ones, sends ``log2(size) nbytes``)."""
+    return 2 * (size - 1) * int(nbytes) // size
+
+
 class GradientChannel:
     """Gradient and weight traffic on ``comm`` (a private duplicate no one else uses); the base of
     the progress strategies (``ssdmpi/comm/progress/``).
@@ -103,7 +117,8 @@ class GradientChannel:
     Args: ``comm``: the mpi4py communicator it owns the traffic of (the caller frees it);
     ``transport``: a ``Transport``; ``ops``: the ``Operations`` shared with the other channels;
     ``stats``: a ``CommStats``; ``bucket_bytes``: None for one fused request, else the size of
-    each fixed slice. Construction is collective (``FusedMean`` splits ``comm``).
+    each fixed slice. Construction is collective (``FusedMean`` splits ``comm``; the second step of a
+    compressed sum has a duplicate of its own, ``_gather_comm``).
 
     A strategy subclass sets ``name`` and overrides ``_start`` (post a handle) and, as needed,
     ``_test_posted``, ``_complete``, ``progress`` and ``stop``. ``pending``: the handles not yet
@@ -121,13 +136,25 @@ class GradientChannel:
         self.bucket_bytes = bucket_bytes
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._fused_mean = fused_mean.FusedMean(comm)   # collective: splits a copy of comm
+        self._gather_comm = comm.Dup()                   # compressed sums' second collective (compressed.py)
+        self._host_staging = None                        # their codes' pinned staging (device buffers)
         self.pending: list = []
         self._lock = contextlib.nullcontext()
 
     # -- the calls ---------------------------------------------------------------------------
-    def allreduce_start(self, buf, average: bool = True) -> AllreduceHandle:
-        """Start an in-place allreduce (sum, or mean when ``average``); see the module contract."""
-        return self._post(buf, average, self._start)
+    def allreduce_start(self, buf, average: bool = True, compressor=None) -> AllreduceHandle:
+        """Start an in-place allreduce (sum, or mean when ``average``; compressed with ``compressor``);
+        see the module contract."""
+        return self._post(buf, average, self._start, compressor)
+
+    def compressor(self, dtype: str, like):
+        """A ``Compressor`` (``ssdmpi/comm/compressed.py``) for sums of float32 buffers shaped as ``like``."""
+        from ssdmpi import backend
+        from ssdmpi.comm.compressed import Compressor
+
+        if like.dtype.str[1:] != "f4":
+            raise TypeError(f"a compressed sum adds float32 buffers, not {like.dtype}")
+        return Compressor(dtype, like.size, self.size, self.rank, backend.array_module(like))
 
     def allreduce(self, buf, average: bool = True):
         """Blocking, in place: ``buf <- sum`` (or mean) over ranks; returns ``buf``."""
@@ -162,6 +189,7 @@ class GradientChannel:
     def free(self) -> None:
         """Collective: free what construction made (the caller drains and stops first)."""
         self._fused_mean.free()
+        self._gather_comm.Free()
 
     # -- what a strategy overrides ------------------------------------------------------------
     def _start(self, handle, divide_here: bool) -> None:
@@ -177,7 +205,7 @@ class GradientChannel:
         """Return once MPI has finished with ``handle``'s buffer (``wait``, before the copy back)."""
 
     # -- shared machinery --------------------------------------------------------------------------
-    def _post(self, buf, average: bool, start) -> AllreduceHandle:
+    def _post(self, buf, average: bool, start, compressor=None) -> AllreduceHandle:
         t_posted = clock()
         if average and buf.dtype.kind not in "fc":
             raise TypeError(f"cannot average a {buf.dtype} buffer in place; pass average=False for a sum")
@@ -185,14 +213,26 @@ class GradientChannel:
             if other.buf is buf:
                 raise ValueError(f"this buffer is already in flight in {other}; wait() for it before reusing it")
         seq = self.ops.next_seq()
-        staged = self.transport.stage(buf)      # returns at once; MPI may start once staged.ready()
         divisor = self.size if average and self.size > 1 else None
-        handle = AllreduceHandle(self, buf, staged, self._buckets(staged.work), divisor, seq, t_posted)
+        if compressor is None:
+            staged = self.transport.stage(buf)      # returns at once; MPI may start once staged.ready()
+            handle = AllreduceHandle(self, buf, staged, self._buckets(staged.work), divisor, seq, t_posted)
+        else:
+            chain = self._make_chain(compressor, buf)    # encodes now; its codes are staged like a buffer
+            handle = AllreduceHandle(self, buf, chain.staged, [], divisor, seq, t_posted, chain)
         # Dividing on the host right after each bucket is reduced keeps the data in cache; device
-        # buffers are divided on the device in ``wait`` (on the caller's stream).
-        start(handle, divisor is not None and not self.transport.is_device(buf))
+        # buffers (and compressed sums) are divided in ``wait`` (a device's on the caller's stream).
+        start(handle, divisor is not None and not self.transport.is_device(buf) and compressor is None)
         handle._t_returned = clock()
         return handle
+
+    def _make_chain(self, compressor, buf):
+        from ssdmpi.comm.compressed import Chain
+        from ssdmpi.comm.transport import Transport
+
+        if self._host_staging is None and self.transport.is_device(buf):
+            self._host_staging = Transport("host", self.transport.streams)
+        return Chain(compressor, buf, self._host_staging)
 
     def _track(self, handle) -> None:
         """Add a posted handle to ``pending``."""
@@ -217,6 +257,10 @@ class GradientChannel:
         MPI = self._MPI
         op, in_place, allreduce = MPI.SUM, MPI.IN_PLACE, self._comm.Allreduce
         handle._staged.wait_ready()        # this thread waits for the staging copy; the GPU runs on
+        if handle._chain is not None:
+            handle._chain.run(self._comm, self._gather_comm)
+            handle._divided = False
+            return
         for b in handle._buckets:
             if divide_here and b.nbytes >= fused_mean.MIN_BYTES:
                 self._fused_mean(b)        # the division inside the reduction, in cache
@@ -236,10 +280,13 @@ class GradientChannel:
         if handle._error is not None:
             raise RuntimeError(f"{handle.what} failed on the communication thread: {handle._error}") \
                 from handle._error
-        self.transport.from_mpi(handle.buf, handle._work)
+        if handle._chain is not None:
+            handle._chain.finish(handle.buf, self.transport.streams)
+        else:
+            self.transport.from_mpi(handle.buf, handle._work)
         if handle._divisor is not None and not handle._divided:
             fused_mean.divide(handle.buf, handle._divisor)
         t_end = clock()
         exposed = (handle._t_returned - handle._t_posted) + (t_end - t_wait)
-        self.stats.record(handle.nbytes, handle._t_complete - handle._t_posted, exposed,
+        self.stats.record(handle.wire_bytes, handle._t_complete - handle._t_posted, exposed,
                           t_wait - handle._t_returned)

@@ -6,8 +6,11 @@ which returns a dict with exactly these keys (all per rank, summed over the inte
 
 =================  ======================================================================
 ``allreduce_count``  allreduces finalised in the interval
-``bytes_sent``       payload bytes handed to MPI (the buffer's ``nbytes``; a ring allreduce
-                     puts about ``2 (N-1)/N`` times this on the wire per rank)
+``bytes_sent``       bytes this rank put on the wire for other ranks: an allreduce of a buffer
+                     of ``nbytes`` counts ``2 (N-1)/N nbytes`` (``gradients.wire_bytes``: what
+                     the ring and reduce-scatter + allgather algorithms send), a compressed
+                     sum its codes' ``2 (N-1)`` pieces (``ssdmpi/comm/compressed.py``), a
+                     point-to-point send its ``nbytes``; 0 on one rank
 ``inflight_s``       time from posting each allreduce to its observed completion
 ``wait_s``           exposed time: the caller blocked inside ``allreduce_start`` (blocking
                      strategy, GPU staging copies), ``wait()``, or ``progress()`` (test
@@ -51,7 +54,7 @@ class CommStats:
         self._since = time.perf_counter()
 
     def record(self, nbytes: int, inflight_s: float, wait_s: float, compute_s: float) -> None:
-        """Add one finalised allreduce."""
+        """Add one finalised operation that sent ``nbytes`` on the wire."""
         self.allreduce_count += 1
         self.bytes_sent += int(nbytes)
         self.inflight_s += inflight_s

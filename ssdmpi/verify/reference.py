@@ -32,6 +32,7 @@ import numpy as np
 
 from ssdmpi.algos.registry import ALGORITHMS, RULES
 from ssdmpi.spec import load
+from ssdmpi.verify.quantize import Wire
 
 
 class SGDTwin:
@@ -141,6 +142,7 @@ class Simulation:
         spec = ALGORITHMS[c.algo]
         self.T_w = c.warmup_steps if spec.delay_stage else None
         self.twin = load(spec.reference(c, RULES.get(c.period_rule)))(self) if spec.delay_stage else None
+        self.wire = Wire(c.comm_dtype, self.N) if c.comm_dtype not in (None, "float32") else None  # --comm-dtype
         self.W = np.array(self.model.params, copy=True)
         self.M = self.opt.init(self.W)
         self.L = self.P = self.V = self.U = self.S = self.A = None
@@ -175,6 +177,10 @@ class Simulation:
         while len(xs) > 1:
             xs = [xs[i] + xs[i + 1] if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
         return xs[0] / self.N if self.N > 1 else xs[0]
+
+    def _posted_mean(self, xs):
+        """The mean of a period's posts as the transport delivers it (``--comm-dtype``: verify/quantize.py)."""
+        return self._mean(xs) if self.wire is None else self.wire.mean(xs)
 
     def _global_update(self, G):
         """ALGORITHM.md 3: the optimizer's step at ``eta_g(s)`` (momentum SGD: ``M <- mu*M - eta_g(s)*(lam*mask*W
@@ -323,7 +329,7 @@ class ReplayTwin(StepTwin):
             sim._local_update(r, g, m)
         if (m + 1) % sim.k == 0:
             self.apply_pending()
-            sim.pending = sim._mean(sim.A)
+            sim.pending = sim._posted_mean(sim.A)
             sim.L = [sim.W.copy() for _ in range(sim.N)]
 
     def apply_pending(self):
@@ -363,7 +369,7 @@ class DeltaOwnTwin(StepTwin):
             D = [sim.L[r] - sim.S[r] for r in range(sim.N)]
             if changed:
                 sim.L = [sim.W + D[r] for r in range(sim.N)]
-            sim.pending = sim._mean(D)
+            sim.pending = sim._posted_mean(D)
             sim.S = [L.copy() for L in sim.L]
 
     def apply_pending(self):
@@ -401,7 +407,7 @@ class DeltaMergeTwin(DeltaOwnTwin):
             sim.S = [sim.W.copy() for _ in range(sim.N)]
         if (m + 1) % k == 0:
             D = [sim.L[r] - sim.S[r] for r in range(sim.N)]
-            sim.pending = sim._mean(D)
+            sim.pending = sim._posted_mean(D)
             sim.S = [L.copy() for L in sim.L]
 
 

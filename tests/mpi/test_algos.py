@@ -409,3 +409,45 @@ def test_a_merge_with_nothing_to_add_leaves_the_momentum_alone(communicator):
                      *(u.copy() for u in algo.rule.U.buffers())))
     same = all(np.array_equal(p, q) for p, q in zip(*runs))
     assert all_ranks_ok(MPI.COMM_WORLD, same), "the momentum merge changed a merge that had nothing to add"
+
+
+# --comm-dtype: every period rule in each compressed dtype, float32 parameters. Each element of a sum is
+# added by its shard's owner, in rank order (ssdmpi/comm/compressed.py), not by MPI: with no warm-up every
+# sum of the run is one of those, and the match is bitwise at every rank count; after an SSGD warm-up (MPI's
+# float32 sums) at 1-2 ranks, as above. The end of training's partial period is a float32 MPI mean.
+COMPRESSED_CONFIGS = [dict(algo="ssd", comm="period", period_rule=rule, comm_dtype=dtype, **extra)
+                      for dtype in ("bfloat16", "float16", "int8")
+                      for rule, extra in (("replay", {}), ("delta-own", {}), ("delta-merge", {"merge_delay": 2}),
+                                          ("delta-merge", {"merge_delay": 1, "merge_momentum": 0.0}))]
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+@pytest.mark.parametrize("settings", COMPRESSED_CONFIGS, ids=cfg_id)
+def test_compressed_transport_matches_the_reference(communicator, settings, warmup):
+    """W and L equal the reference's own quantizing simulation (ssdmpi/verify/quantize.py) after every
+    iteration, and the replicas of W stay bitwise equal."""
+    N, rank = communicator.size, communicator.rank
+    if warmup and N > 2:
+        pytest.skip("the float32 warm-up's sums are bitwise the reference's only up to two ranks")
+    cfg = AlgoConfig(warmup_steps=warmup, lr=0.05, delay=3, **settings)
+    x, y = dataset(dtype=np.float32)
+    factory = tiny_mlp(np.float32)
+    algo = build_algorithm(cfg, factory(), communicator)
+    loader = Loader(x, y, B, rank, N, seed=1)
+    sim = Simulation(cfg, factory, [Loader(x, y, B, r, N, seed=1) for r in range(N)], N)
+    for t in range(warmup + 13):                 # four periods posted, and one iteration into a fifth
+        algo.step(*loader.next_batch())
+        sim.step()
+        assert np.array_equal(algo.global_weights(), sim.W), f"W at t={t}: max |diff| " \
+            f"{np.abs(algo.global_weights() - sim.W).max():.3g}"
+        if sim.stage == "delay":
+            assert np.array_equal(algo.local_weights(), sim.L[rank]), f"L at t={t}"
+        assert len(set(MPI.COMM_WORLD.allgather(w_hash(algo.global_weights())))) == 1, f"replicas at t={t}"
+    assert np.abs(sim.wire.owed[rank]).max() > 0, "nothing was owed: the transport did not compress"
+    algo.finalize()
+    sim.finalize()
+    mine, ref = algo.global_weights(), sim.W
+    if N <= 2:
+        assert np.array_equal(mine, ref), "W after finalize"
+    else:
+        assert np.abs(mine - ref).max() <= 1e-6 * np.abs(ref).max(), "W after finalize"

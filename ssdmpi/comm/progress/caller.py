@@ -5,6 +5,11 @@ along, and ``wait()`` finishes it. Overlap depends on how often the caller calls
 A device buffer's request is posted only once its staging copy is ready (``Staged.ready``): by
 ``allreduce_start`` if it already is, else by a later ``progress``/``test``/``wait``. Requests are
 posted in the order they were started, so every rank posts the same sequence.
+
+A compressed sum (``ssdmpi/comm/compressed.py``) is a chain of two collectives: its ``Ialltoall`` is
+posted as above; once a ``test``/``progress``/``wait`` finds it complete, that call reduces the shard
+and posts the ``Iallgather`` (on the channel's second communicator). The gathers are posted in the
+order the sums were started, so a sum's gather waits for the earlier sums' to be posted first.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class CallerChannel(GradientChannel):
     def _test_posted(self, handle) -> bool:
         if handle._unposted and not self._post_staged(handle, wait=False):
             return False
+        if handle._chain is not None and not handle._chain.gathering and not self._post_gathers(handle, wait=False):
+            return False
         with self._lock:
             done = self._MPI.Request.Testall(handle._requests)
         if done:
@@ -45,6 +52,8 @@ class CallerChannel(GradientChannel):
     def _complete(self, handle) -> None:
         if handle._unposted:
             self._post_staged(handle, wait=True)
+        if handle._chain is not None and not handle._chain.gathering:
+            self._post_gathers(handle, wait=True)
         if handle._requests is not None and handle._t_complete is None:
             with self._lock:
                 self.ops.watched(handle, handle.seq, self._MPI.Request.Waitall, handle._requests)
@@ -62,8 +71,33 @@ class CallerChannel(GradientChannel):
                         return False
                     h._staged.wait_ready()
                 with self._lock:
-                    h._requests = [self._comm.Iallreduce(in_place, b, op=op) for b in h._buckets]
+                    h._requests = ([h._chain.post_scatter(self._comm)] if h._chain is not None
+                                   else [self._comm.Iallreduce(in_place, b, op=op) for b in h._buckets])
                 h._unposted = False
+                self._posted()
+            if h is upto:
+                break
+        return True
+
+    def _post_gathers(self, upto, wait: bool) -> bool:
+        """Compressed sums up to ``upto``, in posting order: once a sum's ``Ialltoall`` is complete,
+        reduce its shard and post its ``Iallgather``; ``wait``: wait for each alltoall first. True when
+        ``upto``'s gather is posted."""
+        MPI = self._MPI
+        for h in self.pending:
+            chain = h._chain
+            if chain is not None and not chain.gathering:
+                if h._unposted and not self._post_staged(h, wait):
+                    return False
+                with self._lock:
+                    done = MPI.Request.Testall(h._requests)
+                    if not done and wait:
+                        self.ops.watched(h, h.seq, MPI.Request.Waitall, h._requests)
+                if not done and not wait:
+                    return False
+                chain.reduce_shard()
+                with self._lock:
+                    h._requests = [chain.post_gather(self._gather_comm)]
                 self._posted()
             if h is upto:
                 break
