@@ -27,6 +27,12 @@ Run with 2 ranks: ``mpiexec -n 2 ssdmpi bench comm [--sizes 1K,64K,4M] [--repeat
     when the MPI library queues the control message behind the gradient data
     (``ssdmpi/comm/mpi_env.py``).
 
+(d) **compressed**: the sum of a ``--compressed-size`` float32 buffer in each ``--comm-dtype``
+    (``ssdmpi/comm/compressed.py``: encode, ``Ialltoall`` of the codes, the shard sums, ``Iallgather``,
+    decode) against the float32 allreduce, ``allreduce_start(...).wait()`` under ``--progress blocking``,
+    interleaved with a barrier before each sample: the median of the slowest rank's time, the median of
+    the paired ratios ``float32_time / time``, and the bytes each rank sent (``comm.stats``).
+
 ``--json FILE`` writes the result file of ``ssdmpi/bench/result.py``: the command line, the
 machine and the numbers (keys ``bandwidth``, ``overlap``, ``control``). Measured results and
 the commands that produced them: ``BENCHMARKS.md``, section "Communicator vs raw mpi4py".
@@ -43,7 +49,7 @@ from ssdmpi.comm.mpi_env import load_mpi
 from ssdmpi.parsing import SIZE_SUFFIXES, parse_list
 
 DEFAULT_SIZES = ("1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M")
-PARTS = ("bandwidth", "overlap", "control")
+PARTS = ("bandwidth", "overlap", "control", "compressed")
 STRATEGIES = ("blocking", "test", "poll", "thread")
 
 
@@ -60,6 +66,8 @@ def add_arguments(parser) -> None:
                         help=f"which parts to run, from {','.join(PARTS)} (default: all)")
     parser.add_argument("--overlap-size", default="16M", metavar="SIZE",
                         help="buffer size for the overlap and control parts (default %(default)s)")
+    parser.add_argument("--compressed-size", default="20M", metavar="SIZE",
+                        help="buffer size for the compressed part (default %(default)s)")
     parser.add_argument("--compute-ratio", type=float, default=1.2,
                         help="compute time as a multiple of the allreduce time in the overlap part "
                              "(default %(default)s)")
@@ -255,6 +263,46 @@ def control(world, nbytes: int, repeats: int) -> dict:
     return {"bytes": nbytes, "control_alone_s": alone, "allreduce_s": big, "control_in_flight_s": in_flight}
 
 
+def compressed(world, nbytes: int, repeats: int) -> list:
+    """Part (d): one row per ``--comm-dtype`` (float32 first): median seconds, paired ratio to float32,
+    bytes sent per rank."""
+    import numpy as np
+
+    from ssdmpi.comm.communicator import Communicator
+    from ssdmpi.comm.compressed import DTYPES
+
+    MPI = load_mpi()
+
+    comm = Communicator(world, progress="blocking")
+    buf = np.random.default_rng(world.Get_rank()).standard_normal(max(1, nbytes // 4)).astype(np.float32)
+    streams = {dtype: comm.compressor(dtype, buf) if dtype != DTYPES[0] else None for dtype in DTYPES}
+    sent = {}
+    try:
+        def variant(dtype):
+            return lambda: comm.allreduce_start(buf, average=False, compressor=streams[dtype]).wait() \
+                if streams[dtype] is not None else comm.allreduce_start(buf, average=False).wait()
+        variants = {dtype: variant(dtype) for dtype in DTYPES}
+        for dtype, run in variants.items():     # warm up each path once, and count its bytes
+            comm.stats.reset()
+            run()
+            sent[dtype] = comm.stats.snapshot_and_reset()["bytes_sent"]
+        samples = {dtype: [] for dtype in DTYPES}
+        for rep in range(repeats):
+            for dtype in DTYPES[rep % len(DTYPES):] + DTYPES[:rep % len(DTYPES)]:
+                world.Barrier()
+                start = time.perf_counter()
+                variants[dtype]()
+                samples[dtype].append(time.perf_counter() - start)
+        table = np.array([samples[d] for d in DTYPES])
+        world.Allreduce(MPI.IN_PLACE, table, op=MPI.MAX)
+    finally:
+        comm.free()
+    return [{"dtype": dtype, "bytes": buf.nbytes, "time_s": float(np.median(times)),
+             "float32_vs": float(np.median(table[0] / times)), "bytes_sent": int(sent[dtype]),
+             "bytes_ratio": sent[dtype] / sent[DTYPES[0]] if sent[DTYPES[0]] else None}
+            for dtype, times in zip(DTYPES, table)]
+
+
 def _print_tables(result: dict) -> None:
     print(f"ssdmpi bench comm: {result['ranks']} ranks, {result['mpi']}")
     if result.get("bandwidth"):
@@ -278,6 +326,18 @@ def _print_tables(result: dict) -> None:
               "in flight")
         print(f"control alone {r['control_alone_s'] * 1e3:.2f} ms, allreduce alone {r['allreduce_s'] * 1e3:.1f} ms, "
               f"control with it in flight {r['control_in_flight_s'] * 1e3:.1f} ms")
+    if result.get("compressed"):
+        _print_compressed(result["compressed"])
+
+
+def _print_compressed(rows: list) -> None:
+    print(f"\n(d) a sum of {_size_name(rows[0]['bytes'])} in each --comm-dtype (blocking; slowest rank, median); "
+          "x float32 = median of paired float32_time/time")
+    print(f"{'dtype':>9} {'ms':>8} {'x float32':>10} {'MB sent/rank':>13} {'bytes/f32':>10}")
+    for r in rows:
+        ratio = "-" if r["bytes_ratio"] is None else f"{r['bytes_ratio']:.3f}"
+        print(f"{r['dtype']:>9} {r['time_s'] * 1e3:8.2f} {r['float32_vs']:10.2f} {r['bytes_sent'] / 1e6:13.2f} "
+              f"{ratio:>10}")
 
 
 def _size_name(nbytes: int) -> str:
@@ -308,6 +368,8 @@ def run(args) -> int:
         result["overlap"] = overlap(world, size, args.repeats, strategies, args.compute_ratio, args.pieces)
     if "control" in parts:
         result["control"] = control(world, size, args.repeats)
+    if "compressed" in parts:
+        result["compressed"] = compressed(world, _sizes([args.compressed_size], "--compressed-size")[0], args.repeats)
     if world.Get_rank() == 0:
         if args.json:
             emit_json(args.json, result_file.dumps({**result_file.provenance("comm"), **result}))

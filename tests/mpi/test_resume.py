@@ -61,6 +61,12 @@ CASES = {
                              "--warmup-steps", str(WARMUP)],
     "ssd-period-delta-own": ["--algo", "ssd", "--comm", "period", "--period-rule", "delta-own", "--delay", str(K),
                              "--warmup-steps", str(WARMUP)],
+    # --comm-dtype: stopped with an int8 sum in flight (drained, held), its error feedback in the checkpoint;
+    # replay posts a sum before waiting for the previous one (two in flight)
+    "ssd-period-int8-mid-delay": ["--algo", "ssd", "--comm", "period", "--comm-dtype", "int8", "--merge-delay", "3",
+                                  "--delay", str(K), "--warmup-steps", str(WARMUP)],
+    "ssd-period-replay-bfloat16": ["--algo", "ssd", "--comm", "period", "--period-rule", "replay", "--comm-dtype",
+                                   "bfloat16", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     "ssgd": ["--algo", "ssgd"],
     "localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP)],
     # AdamW: the state m, v and the integer count (M.*, and per rank U.* or V.*), clipping in some
@@ -118,7 +124,7 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True, held=
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
     args = COMMON + ["--steps", str(S)] + CASES[case]
     held = {"ssd-period-mid-delay": True, "ssd-period": False, "adamw-ssd-period-mid-delay": True,
-            "adamw-ssd-period-merge-momentum": False}.get(case)
+            "adamw-ssd-period-merge-momentum": False, "ssd-period-int8-mid-delay": True}.get(case)
     delay_stage = case.removeprefix("adamw-").startswith("ssd")
     diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=delay_stage, held=held)
     assert diff == [], f"not bitwise identical after resume: {diff}"
@@ -130,6 +136,8 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
         assert {f"{last}/algo/{ADAMW_OWN[case]}.{part}" for part in ("m", "v", "count")} <= set(compared)
     if delay_stage or case.endswith("localsgd"):
         assert f"{last}/algo/L" in compared
+    if "--comm-dtype" in CASES[case]:
+        assert {f"{last}/algo/period.ef.residual", f"{last}/algo/period.ef.shard_residual"} <= set(compared)
 
 
 @pytest.mark.timeout(300)
