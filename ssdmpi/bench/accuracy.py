@@ -97,8 +97,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--optimizer", default=registry.DEFAULT_OPTIMIZER, choices=tuple(registry.OPTIMIZERS),
                         help="inner optimizer, its other settings at their defaults (default %(default)s)")
     parser.add_argument("--momentum", type=float, default=None,
-                        help=f"momentum mu of --optimizer sgd (default {registry.SETTINGS['momentum'].default}, "
-                             "as ssdmpi train)")
+                        help=f"momentum mu, with {registry.where('momentum')} (default "
+                             f"{registry.SETTINGS['momentum'].default}, as ssdmpi train)")
     parser.add_argument("--weight-decay", type=float, default=None,
                         help=f"weight decay lambda (default: the optimizer's, as ssdmpi train: "
                              f"{registry.default_text('weight_decay')})")
@@ -332,7 +332,8 @@ def _simulate_config(cfg: dict, data_path: str | None) -> dict:
     acc, _ = sim.accuracy(sim.W, ds.test_x, ds.test_y)
     if at:
         tail.append(acc)                                  # the last evaluation is the end of training
-    row = dict(cfg, steps=steps, acc_W=round(100 * acc, 2), acc_W_noflush=round(100 * acc_noflush, 2),
+    row = dict(cfg, optimizer=optimizer, steps=steps, acc_W=round(100 * acc, 2),
+               acc_W_noflush=round(100 * acc_noflush, 2),
                acc_W_tail=round(100 * sum(tail) / len(tail), 2) if tail else "",
                seconds=round(time.perf_counter() - start, 1))
     return {f: row[f] for f in FIELDS}
@@ -475,8 +476,9 @@ def _report(args, rows, models, lrs, ranks, variants, delays, epochs, seeds, pen
                 + f", weight decay {args.weight_decay}, warm-up {args.warmup_steps} "
                 f"iterations, epochs {', '.join(f'{m} {e:g}' for m, e in epochs.items())}, "
                 f"train subset {args.train_subset or 'all'}, seeds {', '.join(map(str, seeds))}")
-    what = ("mean over the seeds [difference to ssgd of the row, paired by seed, mean] (min..max over the seeds)"
-            if len(seeds) > 1 else "[difference to ssgd of the row, points]")
+    base = registry.BASELINE
+    what = (f"mean over the seeds [difference to {base} of the row, paired by seed, mean] (min..max over the seeds)"
+            if len(seeds) > 1 else f"[difference to {base} of the row, points]")
     text = [f"Final test accuracy (%) of W after finalize, {what}; reference simulator.", ""]
     tables = [("acc_W", "")]
     if args.tail:

@@ -270,3 +270,28 @@ def test_cli_refuses_in_one_line_exit_2_and_prints_the_adamw_settings(tmp_path):
             if ":" in line and not line.startswith(" ")}
     assert (keys["optimizer"], keys["beta1"], keys["beta2"], keys["eps"], keys["grad_clip"], keys["weight_decay"],
             keys["momentum"]) == ("adamw", "0.8", "0.95", "1.0e-08", "1.0", "0.1", "null")
+
+
+def test_real_gpu_kernel_equals_numpy_bitwise():
+    """On a machine with a GPU: AdamW's compiled kernel gives the NumPy bits (update and read-only; without
+    clipping: the norm's dot product is summed in another order on the GPU)."""
+    from ssdmpi import backend
+
+    cupy, why = backend.probe_cupy()
+    if cupy is None:
+        pytest.skip(why)
+    n = 100_003
+    for dtype in DTYPES:
+        rng = np.random.default_rng(8)
+        mask = layer_mask(n, dtype, rng)
+        W, G = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+        out = []
+        for xp in (np, cupy):
+            opt = AdamW(xp.asarray(mask), 0.9, 0.95, 1e-8, 0.1)
+            Wx, state = xp.asarray(W), opt.init(xp.asarray(W))
+            for step in range(3):
+                opt.update(Wx, state, xp.asarray(G) * (step + 1), 1e-3, divisor=2)
+            Lx = Wx.copy()
+            opt.update_read_only(Lx, state, xp.asarray(G), 1e-3)
+            out.append([backend.to_host(a) for a in (Wx, state["m"], state["v"], Lx)])
+        assert all(same_bits(a, b) for a, b in zip(*out)), np.dtype(dtype).name
