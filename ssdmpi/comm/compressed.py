@@ -78,6 +78,7 @@ from __future__ import annotations
 
 DTYPES = ("float32", "bfloat16", "float16", "int8")
 INT8_BLOCK = 256
+CHUNK = 1 << 15          # elements per pass of a codec on the host (a multiple of every block): in cache
 FLOAT16_MAX = 65504.0
 
 
@@ -94,8 +95,9 @@ class Int8Blocks:
         blocks = x.reshape(-1, self.block)
         scale = xp.abs(blocks).max(axis=1) / xp.float32(127)
         safe = xp.where(scale > 0, scale, xp.float32(1))
+        # |x| <= max|x| = 127 scale (1 + d), |d| <= 2**-24: |x / scale| rounds below 127.5, so rint is
+        # within +-127 without a clip
         q = xp.rint(blocks / safe[:, None])
-        xp.clip(q, -127, 127, out=q)
         return q.astype(xp.int8).reshape(-1), scale
 
     def decode(self, xp, parts):
@@ -113,9 +115,15 @@ class BFloat16:
 
     def encode(self, xp, x) -> tuple:
         u = x.view(xp.uint32)
-        rounded = (u + (((u >> 16) & 1) + xp.uint32(0x7FFF))) >> 16
-        nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
-        return (xp.where(nan, (u >> 16) | xp.uint32(0x0040), rounded).astype(xp.uint16),)
+        t = u >> 16                   # t = (u + 0x7FFF + (bit 16 of u)) >> 16, in place
+        t &= 1
+        t += 0x7FFF
+        t += u
+        t >>= 16
+        nan = xp.isnan(x)             # a NaN keeps its sign and top payload, made quiet
+        if xp.__name__ != "numpy" or nan.any():
+            t = xp.where(nan, (u >> 16) | 0x0040, t)
+        return (t.astype(xp.uint16),)
 
     def decode(self, xp, parts):
         return (parts[0].astype(xp.uint32) << 16).view(xp.float32)
@@ -200,42 +208,59 @@ class Compressor:
     def _give(self, ws) -> None:
         self._free.append(ws)
 
-    def _pack(self, xp, parts, out) -> None:
-        """The code's parts into ``out`` (rows of ``piece`` bytes: shard by shard, each part's bytes in turn)."""
-        rows, col = out.shape[0], 0
-        for part, width in zip(parts, self.widths):
-            out[:, col:col + width] = part.view(xp.uint8).reshape(rows, width)
+    def _spans(self, xp, start: int, stop: int):
+        """``(a, b)`` chunks of ``[start, stop)`` (whole blocks): on the host ``CHUNK`` elements, so that
+        each pass of the codec runs in cache; on a device the whole range (one launch per step)."""
+        step = stop - start if xp.__name__ != "numpy" else CHUNK
+        for a in range(start, stop, step):
+            yield a, min(a + step, stop)
+
+    def _put(self, xp, parts, dest, r: int, offset: int) -> None:
+        """The code ``parts`` of elements ``offset ..`` of shard ``r`` into ``dest`` (bytes: ``piece`` per
+        shard, each part's bytes in turn)."""
+        col = r * self.piece
+        for part, at, width in zip(parts, self.codec.part_bytes(offset), self.widths):
+            view = part.view(xp.uint8)
+            dest[col + at:col + at + view.size] = view
             col += width
 
-    def _decode_piece(self, xp, row):
-        """One shard's code (``piece`` bytes) decoded: ``S`` float32."""
-        parts, col = [], 0
-        for width, dtype in zip(self.widths, self.codec.part_dtypes):
-            parts.append(row[col:col + width].view(dtype))
+    def _get(self, xp, src, r: int, offset: int, m: int):
+        """Elements ``offset .. offset + m`` of shard ``r``'s code in ``src``, decoded: float32."""
+        parts, col = [], r * self.piece
+        for dtype, at, length, width in zip(self.codec.part_dtypes, self.codec.part_bytes(offset),
+                                            self.codec.part_bytes(m), self.widths):
+            parts.append(src[col + at:col + at + length].view(dtype))
             col += width
         return self.codec.decode(xp, parts)
 
     def encode_own(self, buf, ws) -> None:
         """Step 1: ``x = buf + residual``, its code into ``ws.send``, ``residual = x - D(code)``."""
-        xp, n = self.xp, self.n
-        x = ws.padded
-        xp.add(buf.reshape(-1), self.residual, out=x[:n])
-        parts = self.codec.encode(xp, x)
-        self._pack(xp, parts, ws.send.reshape(self.size, self.piece))
-        xp.subtract(x[:n], self.codec.decode(xp, parts)[:n], out=self.residual)
+        xp, n, S, codec = self.xp, self.n, self.S, self.codec
+        flat, residual = buf.reshape(-1), self.residual
+        for r in range(self.size):
+            for a, b in self._spans(xp, r * S, (r + 1) * S):
+                x, hi = ws.padded[a:b], min(b, n)
+                if hi > a:
+                    xp.add(flat[a:hi], residual[a:hi], out=x[:hi - a])
+                parts = codec.encode(xp, x)
+                self._put(xp, parts, ws.send, r, a - r * S)
+                if hi > a:
+                    xp.subtract(x[:hi - a], codec.decode(xp, parts)[:hi - a], out=residual[a:hi])
 
     def reduce_shard(self, ws) -> None:
         """Step 3 (host): this rank's shard summed in rank order, plus its residual, re-encoded."""
         import numpy as np
 
-        rows, acc = ws.recv.reshape(self.size, self.piece), ws.acc
-        acc[...] = self._decode_piece(np, rows[0])
-        for r in range(1, self.size):
-            acc += self._decode_piece(np, rows[r])
-        acc += self.shard_residual
-        parts = self.codec.encode(np, acc)
-        self._pack(np, parts, ws.gsend.reshape(1, self.piece))
-        np.subtract(acc, self.codec.decode(np, parts), out=self.shard_residual)
+        codec, owed = self.codec, self.shard_residual
+        for a, b in self._spans(np, 0, self.S):
+            acc = ws.acc[a:b]
+            acc[...] = self._get(np, ws.recv, 0, a, b - a)
+            for r in range(1, self.size):
+                acc += self._get(np, ws.recv, r, a, b - a)
+            acc += owed[a:b]
+            parts = codec.encode(np, acc)
+            self._put(np, parts, ws.gsend, 0, a)
+            np.subtract(acc, codec.decode(np, parts), out=owed[a:b])
 
     def decode_into(self, buf, ws, streams) -> None:
         """Step 5: every shard's code decoded into ``buf`` (a device buffer: copied back first, decoded
@@ -250,13 +275,11 @@ class Compressor:
             xp, src = self.xp, ws.device_gathered
         else:
             xp, src = np, ws.gathered
-        rows, flat, S, n = src.reshape(self.size, self.piece), buf.reshape(-1), self.S, self.n
+        flat, S, n = buf.reshape(-1), self.S, self.n
         for r in range(self.size):
-            lo = r * S
-            if lo >= n:
-                break
-            hi = min(lo + S, n)
-            flat[lo:hi] = self._decode_piece(xp, rows[r])[:hi - lo]
+            for a, b in self._spans(xp, r * S, min((r + 1) * S, -(-n // self.codec.block) * self.codec.block)):
+                hi = min(b, n)
+                flat[a:hi] = self._get(xp, src, r, a - r * S, b - a)[:hi - a]
 
 
 class _Workspace:
