@@ -12,7 +12,7 @@ run appends to the same file). Two kinds of record:
     checkpoints), train_s (the same counting training steps only), loss (mean training loss),
     lr, lr_local, samples_per_s (all ranks), step_s (wall seconds per step),
     compute_s / inflight_s / wait_s (per step, mean over ranks: computing, an allreduce
-    in flight, blocked waiting for one), bytes_sent (per step per rank), overlap (fraction
+    in flight, blocked waiting for one), bytes_sent (per step per rank, on the wire), overlap (fraction
     of in-flight time hidden behind compute), and the step breakdown that sums to step_s:
     fb_s, update_s, data_s, blocked_s, progress_s, sync_s, other_s (ssdmpi/phases.py defines them);
     with asgd the times and bytes are the workers'
