@@ -172,3 +172,39 @@ def test_a_compressor_refuses_what_it_cannot_send(make_comm):
     stream = c.compressor("int8", np.zeros(10, np.float32))
     with pytest.raises(ValueError, match="does not fit"):
         stream.load_state_dict({"residual": np.zeros(11, np.float32), "shard_residual": stream.shard_residual})
+
+
+def test_delay_auto_with_int8_agrees_on_one_choice_and_equals_the_fixed_run_it_chose():
+    """``--delay auto`` probes the compressed sum at the switch on scratch buffers (no error feedback of
+    the run's touched): every rank chooses the same (k, d, ratio), and the run equals, bit for bit, the
+    fixed ``--delay k --merge-delay d`` run in int8."""
+    from mpi4py import MPI
+
+    from ssdmpi.algos import AlgoConfig, build_algorithm
+    from ssdmpi.data import ShardedLoader as Loader
+    from tests.mpi.test_algos import B, dataset, tiny_mlp
+
+    def trajectory(settings, comm, steps):
+        x, y = dataset(dtype=np.float32)
+        algo = build_algorithm(AlgoConfig(algo="ssd", comm="period", comm_dtype="int8", warmup_steps=6, lr=0.05,
+                                          **settings), tiny_mlp(np.float32)(), comm)
+        loader = Loader(x, y, B, comm.rank, comm.size, seed=3)
+        out = []
+        while algo.t < 6 or algo.t < steps(algo.k):
+            algo.step(*loader.next_batch())
+            out.append((algo.global_weights().copy(), None if algo.L is None else algo.local_weights().copy()))
+        return algo, out
+
+    c = Communicator(MPI.COMM_WORLD)
+    try:
+        auto, got = trajectory({"delay": "auto"}, c, lambda k: 6 + 3 * k + 2)
+        choice = auto.delay_choice
+        agreed = MPI.COMM_WORLD.allgather((choice.k, choice.d, choice.comm_ratio))
+        assert agreed == [agreed[0]] * c.size and choice.comm_ratio > 0
+        assert choice.record()["comm_ratio"] == choice.comm_ratio
+        _, want = trajectory({"delay": choice.k, "merge_delay": choice.d}, c, lambda k: 6 + 3 * k + 2)
+        assert len(got) == len(want)
+        for t, ((W, L), (W0, L0)) in enumerate(zip(got, want)):
+            assert np.array_equal(W, W0) and (L is None or np.array_equal(L, L0)), f"t={t}"
+    finally:
+        c.free()

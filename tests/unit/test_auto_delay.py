@@ -461,3 +461,41 @@ def test_summary_text_names_the_chosen_k():
     assert ("delay auto: k = 7, d = 3 (chosen at step 40: compute 80.0 ms, allreduce 500.0 ms per step, "
             "30.0 ms CPU in flight, update 10.0 ms)") in text
     assert "delay auto" not in summary_text({"algo": "ssd", "step": 100})
+
+
+class TimedComm(FakeComm):
+    """``FakeComm`` whose allreduces take ``seconds[kind]`` of the (fake) clock: a float32 one, or one
+    started with a compressor (``--comm-dtype``)."""
+
+    def __init__(self, clock, seconds):
+        super().__init__(polls=1)
+        self.clock, self.seconds, self.kinds = clock, seconds, []
+
+    def allreduce_start(self, buf, average=True, compressor=None):
+        kind = "float32" if compressor is None else compressor
+        self.kinds.append(kind)
+        self.clock[0] += self.seconds[kind]
+        return super().allreduce_start(buf, average)
+
+
+def test_probe_ratio_is_the_compressed_sums_median_time_over_float32s(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    comm = TimedComm(clock, {"float32": 0.2, "int8": 0.05})
+    assert auto_delay.probe_ratio(comm, np.zeros(4, np.float32), "int8", repeats=3) == pytest.approx(0.25)
+    assert comm.kinds == ["float32", "int8"] * 3 and comm.barriers == 6     # interleaved, every rank together
+
+
+def test_choose_scales_the_allreduce_time_by_the_ratio_and_records_it():
+    """T = 0.4 s of float32 in the warm-up, the compressed sum a quarter of that: d hides 0.1 s."""
+    m = DelayMeter(stable=STABLE)
+    for _ in range(10):
+        m.add(0.1, 0.4)
+    choice = m.choose(FakeComm(), step=10, ratio=lambda: 0.25)
+    assert choice.allreduce_s == pytest.approx(0.1) and choice.comm_ratio == 0.25
+    assert (choice.k, choice.d) == choose_period(0.1, 0.1, 0.0, stable=STABLE)
+    assert choice.d < m.choose(FakeComm(), step=10).d
+    assert choice.record()["comm_ratio"] == 0.25 and "float32 x 0.25, measured" in choice.text()
+    assert DelayChoice.from_state(choice.state()) == choice
+    plain = m.choose(FakeComm(), step=10)
+    assert plain.comm_ratio == 1.0 and "auto.comm_ratio" not in plain.state()
