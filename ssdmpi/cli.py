@@ -31,7 +31,8 @@ from ssdmpi.validate import did_you_mean
 COMMANDS = {
     "train": ("ssdmpi.run.command", "train a model data-parallel with SSD-SGD, SSGD, OD-SGD, local SGD or ASGD",
               "ssdmpi.run.trainer"),
-    "eval": ("ssdmpi.eval_cli", "evaluate a checkpoint on a dataset's test split"),
+    "eval": ("ssdmpi.eval_cli", "evaluate a checkpoint on a dataset's test split (a language model's validation text)"),
+    "generate": ("ssdmpi.generate", "sample text from a language model run (gpt on a text dataset)"),
     "bench": ("ssdmpi.bench", lambda bench: "benchmarks: " + ", ".join(k for k in bench.KINDS if k != "report")
               + "; report renders BENCHMARKS.md"),
     "plot": ("ssdmpi.plot", "figures from run directories' metrics.jsonl"),

@@ -9,6 +9,10 @@ what ``ssdmpi eval`` and ``ssdmpi.load_model`` use), as named tensors:
   ``fc1.weight`` ``(out, in)``, ``conv1.weight`` ``(out, in, k, k)``, ``layer1.0.bn1.running_mean``,
   and ``*.num_batches_tracked`` (int64, the checkpoint's step), so ``load_state_dict(...,
   strict=True)`` takes them;
+- ``gpt`` under nanoGPT's ``state_dict`` names (``transformer.wte.weight``, ``transformer.h.0.attn.c_attn.weight``,
+  ..., ``ssdmpi/nn/transformer.py``'s ``nanogpt_name``), the output head tied to the token embedding
+  stored once, as ``transformer.wte.weight`` (``lm_head.weight`` is the same tensor: metadata ``tied``;
+  ``safetensors.torch.load_model`` fills both);
 - a model with a mapping of its own (``STATE_DICT``: model name -> ``"module:function"``, or
   ``register_state_dict``) under the names that function gives;
 - any other model under ssdmpi's own tensor names (its ``model.flat.specs``) and BatchNorm
@@ -17,12 +21,13 @@ what ``ssdmpi eval`` and ``ssdmpi.load_model`` use), as named tensors:
 Its metadata (safetensors' string -> string map), each value a string (JSON where noted)::
 
     format          "ssdmpi-export"           format_version  "1"
-    model           the run's model name      model_options   JSON, e.g. {"widths": [256]}
+    model           the run's model name      model_options   JSON, e.g. {"widths": [256]}, {"n_layer": 4, ...}
     input_shape     JSON, e.g. [1, 28, 28]    num_classes     e.g. "10"
     normalisation   JSON (ssdmpi/data/normalisation.py) or "null" (a checkpoint too old to record it)
     names           "pytorch" or "ssdmpi"     dtype           "float32" or "float64"
     step            the checkpoint's step     checkpoint      its directory's name (ckpt-<step>)
     ssdmpi_version  the exporting ssdmpi      trained_with    the ssdmpi that wrote the checkpoint
+    tied            (gpt) JSON: {name: the stored tensor it is} of the tensors stored once
 
 Loading it needs only ``safetensors`` (and PyTorch for a PyTorch model): docs/API.md shows how.
 ``safetensors`` is optional for ssdmpi (``pip install 'ssdmpi[export]'``). Serial; no MPI.
@@ -42,6 +47,7 @@ FORMAT, FORMAT_VERSION = "ssdmpi-export", 1
 # A model's own mapping to PyTorch names: model name -> "module:function", the function taking
 # (model, step) and returning {name: NumPy array}. Imported only when that model is exported.
 STATE_DICT = {name: "ssdmpi.export:twin_state_dict" for name in ("mlp", "wide-mlp", "lenet5", "resnet20")}
+STATE_DICT["gpt"] = "ssdmpi.export:nanogpt_state_dict"
 
 
 def register_state_dict(model_name: str, function) -> None:
@@ -89,6 +95,21 @@ def twin_state_dict(model, step: int) -> dict:
     return out
 
 
+def nanogpt_state_dict(model, step: int) -> dict:
+    """``gpt`` under nanoGPT's ``state_dict`` names (``ssdmpi/verify/torch_gpt.py``'s twin): each tensor
+    as ``nanogpt_name`` names it; the tied output head is the token embedding, stored once (``tied``)."""
+    from ssdmpi.nn.transformer import nanogpt_name
+
+    return {nanogpt_name(name): value for name, value in own_state_dict(model, step).items()}
+
+
+def tied(model_name: str) -> dict:
+    """``{name: stored name}`` of the tensors a ``nanogpt_state_dict`` export stores once for two names."""
+    from ssdmpi.nn.transformer import NANOGPT_TIED
+
+    return dict(NANOGPT_TIED)
+
+
 def check_out(out: str, force: bool) -> str:
     """``out`` as an absolute path that may be written: ``UserError`` (one line) when it exists and
     ``force`` is not given, is a directory, or its directory does not exist."""
@@ -120,6 +141,7 @@ def export(path, out: str, force: bool = False, model=None) -> dict:
     import numpy as np
 
     from ssdmpi import checkpoint, restore
+    from ssdmpi.config.settings import model_options
 
     target = check_out(out, force)
     save_file = _safetensors()
@@ -132,14 +154,16 @@ def export(path, out: str, force: bool = False, model=None) -> dict:
     tensors = {k: np.asarray(v, order="C") for k, v in fn(loaded, step).items()}   # 0-d stays 0-d
     metadata = {
         "format": FORMAT, "format_version": str(FORMAT_VERSION), "model": str(name),
-        "model_options": json.dumps({"widths": list(cfg["widths"])} if cfg.get("widths") else {}),
+        "model_options": json.dumps(model_options(cfg)),
         "input_shape": json.dumps([int(s) for s in loaded.input_shape]),
-        "num_classes": str(int(loaded.output_shape[0])),
+        "num_classes": str(int(loaded.output_shape[-1])),
         "normalisation": json.dumps(None if loaded.normalisation is None else loaded.normalisation.to_record()),
         "names": "pytorch" if pytorch else "ssdmpi", "dtype": str(loaded.dtype), "step": str(step),
         "checkpoint": os.path.basename(os.path.normpath(ckpt)), "ssdmpi_version": __version__,
         "trained_with": str(meta.get("ssdmpi_version", "unknown")),
     }
+    if fn is nanogpt_state_dict:
+        metadata["tied"] = json.dumps(tied(loaded.name))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=os.path.dirname(target))
     os.close(fd)
     try:

@@ -17,10 +17,15 @@ run appends to the same file). Two kinds of record:
     fb_s, update_s, data_s, blocked_s, progress_s, sync_s, other_s (ssdmpi/phases.py defines them);
     with asgd the times and bytes are the workers'
     (the servers take no steps) and staleness_mean / staleness_max (over the interval's
-    server updates, ALGORITHM.md 11) are added; built by ``ssdmpi.run.loop.step_record``
+    server updates, ALGORITHM.md 11) are added; a language model's (a text dataset's) adds
+    tokens_per_s (samples_per_s x the context) after samples_per_s; built by
+    ``ssdmpi.run.loop.step_record``
 ``{"kind": "eval", ...}`` after each evaluation on the test split:
     step, epoch, stage, time, train_s, eval_s (the seconds this evaluation took), test_acc, test_loss
-    (the global model W), and in the delay stage test_acc_local, test_loss_local (rank 0's local model L)
+    (the global model W), and in the delay stage test_acc_local, test_loss_local (rank 0's local model L);
+    a language model's on the validation windows: tokens (trained on so far: step x global batch x
+    context) before eval_s, then val_loss (nats per token), val_ppl (perplexity, exp(val_loss)),
+    val_acc (next-token accuracy), and in the delay stage val_loss_local, val_ppl_local, val_acc_local
 
 Other kinds: ``start`` (run start or resume: world size, backend, progress strategy,
 placement: rank 0's node, threads and GPU and why, steps, config), ``checkpoint`` (when one
@@ -39,7 +44,7 @@ run's description, its last evaluation and its per-step means, ``summary.json`` 
 seconds to the last step, across resumes), ``wall_s`` (the same to the end: the final evaluation and
 checkpoint included), ``train_s`` (training steps only) and ``eval_s`` (evaluations), ``samples_per_s``
 (training steps only, all ranks), ``best`` (the best evaluation: ``metric``, ``value``, ``step``;
-``best_eval``) and ``stage``.
+``best_eval``) and ``stage``; a language model's also ``tokens_per_s`` and ``tokens`` (trained on).
 """
 
 from __future__ import annotations
@@ -208,8 +213,18 @@ def summary_text(s: dict) -> str:
     lines = [f"ssdmpi train: {s.get('status', 'done')} - {s.get('algo')} on {counted(s.get('world_size'), 'rank')}, "
              f"model {s.get('model')} ({s.get('num_params')} parameters), dataset {s.get('dataset')}"]
     lines.append("  " + _time_line(s))
-    if s.get("samples_per_s") is not None:
+    if s.get("tokens_per_s") is not None:
+        lines.append(f"  tokens/s (training only, all ranks): {s['tokens_per_s']:.0f} ({s['samples_per_s']:.1f} "
+                     f"windows/s), {s.get('tokens', 0):,} tokens trained on")
+    elif s.get("samples_per_s") is not None:
         lines.append(f"  samples/s (training only, all ranks): {s['samples_per_s']:.0f}")
+    if s.get("val_loss") is not None:
+        best = f", best {best_text(s['best'])}" if s.get("best") else ""
+        lines.append(f"  validation loss (global model W): final {s['val_loss']:.4f} nats/token, perplexity "
+                     f"{s.get('val_ppl', float('nan')):.2f}{best}")
+    if s.get("val_loss_local") is not None:
+        lines.append(f"  validation loss (rank 0's local model L): final {s['val_loss_local']:.4f}, perplexity "
+                     f"{s.get('val_ppl_local', float('nan')):.2f}")
     if s.get("test_acc") is not None:
         best = f", best {best_text(s['best'])}" if s.get("best") else ""
         lines.append(f"  test accuracy (global model W): final {s['test_acc']:.2%} "
@@ -258,8 +273,8 @@ def delay_auto_line(d: dict) -> str:
 
 
 # Which evaluation of a run is its best: metric -> True where higher is better. The first metric an
-# evaluation record carries decides (a run evaluated on a validation loss adds ``"val_loss": False``).
-BEST_METRICS = {"test_acc": True}
+# evaluation record carries decides: a classifier's test accuracy, a language model's validation loss.
+BEST_METRICS = {"test_acc": True, "val_loss": False}
 
 
 def best_eval(evals, best: dict | None = None) -> dict | None:

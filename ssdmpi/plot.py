@@ -6,9 +6,14 @@ Figures (each written only when the runs hold the data it needs):
 |---|---|
 | ``accuracy_vs_time.png`` | test accuracy of the global model ``W`` (solid) and of rank 0's local model ``L`` (dashed, in the delay stage) vs training seconds (wall clock in training steps), with the time-to-accuracy target (ssgd's final - 0.5 point) when an ssgd run is given |
 | ``accuracy_vs_epoch.png`` | test accuracy of ``W`` and ``L`` vs epoch |
-| ``loss.png`` | training loss vs step (left) and test loss vs epoch (right) |
+| ``loss.png`` | training loss vs step (left) and test loss (a language model's: validation loss) vs epoch (right) |
+| ``val_loss_vs_time.png`` | a language model's validation loss (nats per token) of ``W`` (solid) and of rank 0's ``L`` (dashed, in the delay stage) vs training seconds |
+| ``val_loss_vs_tokens.png`` | the same vs the tokens trained on (step x global batch x context) |
 | ``step_breakdown.png`` | each run's steady-state step split into its phases (forward+backward, update, data, exposed wait, progress calls, other; ``ssdmpi/phases.py``), ms per step |
 | ``throughput_vs_k.png`` | steady-state samples/s (``Run.throughput``) vs delay ``k``, one line per algorithm/schedule (only when runs differ in ``k``) |
+
+Language-model runs (on a text dataset) are evaluated on a validation loss, not an accuracy: they
+draw the validation-loss figures, classifier runs the accuracy ones.
 
 The accuracy figures and the training loss mark where each run's SSGD warm-up ends (the
 switch to the delay stage) with a dash-dotted vertical line in the run's color. Legends sit
@@ -136,6 +141,37 @@ def _legend_beside(ax) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
 
 
+def _val_loss_figure(plt, runs, x: str, xlabel: str, title: str):
+    """A language model's validation loss of ``W`` (solid) and of rank 0's ``L`` (dashed, the same
+    color; in the delay stage) on axis ``x`` (``train_time`` or ``tokens``); a dash-dotted line where
+    each run's warm-up ends (on the time axis); None when no run logged a validation loss."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = marked = 0
+    for run, label in zip(runs, legend_labels(runs)):
+        xs, ys = run.series(run.evals, x, "val_loss")
+        if not xs:
+            continue
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{label}: W")
+        lx, ly = run.series(run.evals, x, "val_loss_local")
+        if lx:
+            ax.plot(lx, ly, color=line.get_color(), linestyle="--", marker="x", markersize=3, linewidth=1,
+                    label=f"{label}: rank 0's L")
+        if x != "tokens":
+            marked += _mark_warmup_end(ax, run, x, line.get_color())
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    if marked:
+        _warmup_legend_entry(ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation loss (nats per token): global model W, rank 0's local model L")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    _legend_beside(ax)
+    return fig
+
+
 def _loss_figure(plt, runs, prefix=""):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     drawn_left = drawn_right = marked = 0
@@ -146,6 +182,8 @@ def _loss_figure(plt, runs, prefix=""):
             marked += _mark_warmup_end(left, run, "step", line.get_color())
             drawn_left += 1
         xs, ys = run.series(run.evals, "epoch", "test_loss")
+        if not xs:      # a language model: its validation loss
+            xs, ys = run.series(run.evals, "epoch", "val_loss")
         if xs:
             right.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn_right += 1
@@ -158,7 +196,7 @@ def _loss_figure(plt, runs, prefix=""):
     left.set_ylabel("training loss (mean over ranks and log interval)")
     left.set_title(prefix + "Training loss")
     right.set_xlabel("epoch")
-    right.set_ylabel("test loss of global model W")
+    right.set_ylabel("test loss of global model W (a language model's: validation loss)")
     right.set_title(prefix + "Test loss")
     for ax, drawn in ((left, drawn_left), (right, drawn_right)):
         ax.grid(True, alpha=0.3)
@@ -251,6 +289,11 @@ def make_figures(runs, out_dir, title: str = "") -> list:
                                                  prefix + "Test accuracy vs training time"),
         "accuracy_vs_epoch.png": _accuracy_figure(plt, runs, "epoch", "epoch",
                                                   prefix + "Test accuracy vs epochs"),
+        "val_loss_vs_time.png": _val_loss_figure(plt, runs, "train_time",
+                                                 "training time (s, wall clock, evaluations excluded)",
+                                                 prefix + "Validation loss vs training time"),
+        "val_loss_vs_tokens.png": _val_loss_figure(plt, runs, "tokens", "tokens trained on",
+                                                   prefix + "Validation loss vs tokens"),
         "loss.png": _loss_figure(plt, runs, prefix),
         "throughput_vs_k.png": _throughput_figure(plt, runs, prefix),
         "step_breakdown.png": _breakdown_figure(plt, runs, prefix),
@@ -275,7 +318,7 @@ def run(args) -> int:
     runs = [load_run(d) for d in args.run_dirs]
     written = make_figures(runs, args.out, title=args.title)
     if not written:
-        raise UserError("no figure could be drawn: the runs log no test accuracy, loss or samples/s")
+        raise UserError("no figure could be drawn: the runs log no test accuracy, validation loss, loss or samples/s")
     for path in written:
         print(path)
     return 0

@@ -31,6 +31,7 @@ from ssdmpi.checkpoint import format as format1
 from ssdmpi.checkpoint import sharded
 from ssdmpi.checkpoint.format import CheckpointError
 from ssdmpi.errors import UserError
+from ssdmpi.metrics import best_eval
 
 NAME_RE = re.compile(r"^ckpt-(\d{8,})(\.h5)?$")
 PARTIAL_RE = re.compile(r"^\.ckpt-\d{8,}\.(partial|old)-[0-9a-f]+$")
@@ -269,31 +270,27 @@ def _point(directory: str, name: str, target: str) -> None:
     os.replace(tmp, link)
 
 
-def _evaluated_accuracy(path: str) -> float | None:
-    """The test accuracy measured on this checkpoint's own global model, if it was evaluated."""
+def _evaluation(path: str) -> dict:
+    """The evaluation of this checkpoint's own global model ({} if it was not evaluated)."""
     try:
-        meta = read_meta(path)
+        return read_meta(path).get("eval") or {}
     except CheckpointError:
-        return None
-    acc = (meta.get("eval") or {}).get("test_acc")
-    return float(acc) if acc is not None else None
+        return {}
 
 
 def publish(directory: str, newest: str, keep: int) -> None:
     """After ``newest`` was committed: ``last`` points to it, ``best`` to the checkpoint with the
-    best evaluated accuracy (the newer on a tie), then ``retain``; stale partial directories go (a
+    best evaluation (``ssdmpi.metrics.best_eval``: the highest test accuracy, a language model's lowest
+    validation loss; the newer on a tie), then ``retain``; stale partial directories go (a
     checkpoint ``commit`` renamed aside and whose replacement never arrived is renamed back first)."""
     for name, step in _aside(os.listdir(directory)).items():
         if not os.path.lexists(os.path.join(directory, checkpoint_name(step))):
             os.rename(os.path.join(directory, name), os.path.join(directory, checkpoint_name(step)))
     _point(directory, LAST, newest)
-    best, best_acc = None, None
-    for _step, path in list_checkpoints(directory):
-        acc = _evaluated_accuracy(path)
-        if acc is not None and (best_acc is None or acc >= best_acc):
-            best, best_acc = path, acc
+    paths = dict(enumerate(path for _step, path in list_checkpoints(directory)))
+    best = best_eval([dict(_evaluation(path), step=i) for i, path in paths.items()])
     if best is not None:
-        _point(directory, BEST, best)
+        _point(directory, BEST, paths[best["step"]])
     retain(directory, keep)
     for name in os.listdir(directory):
         if PARTIAL_RE.match(name):

@@ -30,7 +30,7 @@ from ssdmpi.algos.registry import RESOLVED, AlgoConfig
 from ssdmpi.config.files import load_file, load_preset, normalise
 from ssdmpi.config.flags import from_flags
 from ssdmpi.config.resume import checkpoint_settings
-from ssdmpi.config.settings import CLEARS, FIELD_NAMES, SETTINGS, TrainConfig
+from ssdmpi.config.settings import CLEARS, CONTEXT, DEFAULT_CONTEXT, FIELD_NAMES, MODEL_SETTINGS, SETTINGS, TrainConfig
 from ssdmpi.errors import UserError
 from ssdmpi.optim.schedules import schedule_in_steps
 
@@ -73,6 +73,11 @@ class Resolved:
     notes: tuple
     applied: frozenset = frozenset()
     dropped: frozenset = frozenset()
+    model_note: str | None = None
+
+    def lines(self) -> tuple:
+        """The note lines a run prints: the algorithm's settings left out (``note``), the model's (``model_note``)."""
+        return tuple(line for line in (self.note(), self.model_note) if line)
 
     def note(self) -> str | None:
         """The one line a run prints for the settings left out (None: none was)."""
@@ -147,8 +152,62 @@ def resolve_values(values: dict, sources: dict, world_size: int | None = None) -
         out["widths"] = None      # the preset's mlp widths; this model has its own shape
     if isinstance(out.get("widths"), tuple):
         out["widths"] = list(out["widths"])
-    return Resolved(TrainConfig(**out).validate(), dict(sources), tuple(run.notes), frozenset(run.applied),
-                    frozenset(run.dropped))
+    model_notes, model_note = fit_model_settings(out, sources)
+    return Resolved(TrainConfig(**out).validate(), dict(sources), tuple(run.notes) + model_notes,
+                    frozenset(run.applied), frozenset(run.dropped), model_note)
+
+
+def _is_text(dataset) -> bool | None:
+    """Whether ``dataset`` names a text dataset (None: no dataset ssdmpi knows, e.g. arrays given to the API)."""
+    from ssdmpi.data.datasets import dataset_kind  # late: NumPy; the CLI parser imports this module
+
+    try:
+        return dataset_kind(dataset) == "text"
+    except UserError:
+        return None
+
+
+def _declared_options() -> dict:
+    """``{model name: the options its factory declares}`` of ``ssdmpi.nn.MODELS``; a model not in it
+    (``package.module:factory``) is left to its factory, which decides when it is built."""
+    import inspect
+
+    from ssdmpi.nn.models import MODELS  # late, as above
+
+    return {name: frozenset(inspect.signature(factory).parameters) for name, factory in MODELS.items()}
+
+
+def fit_model_settings(out: dict, sources: dict) -> tuple[tuple, str | None]:
+    """The model's settings fitted to the run, in ``out`` (the merged values): ``context`` only with a
+    text dataset (``DEFAULT_CONTEXT`` there when unset), each of ``MODEL_SETTINGS`` only for a model
+    whose factory declares it. One that does not apply is refused when given as a flag (``UserError``),
+    left out otherwise; returns ``(per-setting notes, the run's note line or None)``."""
+    model, dataset = out.get("model"), out.get("dataset")
+    text, declared = _is_text(dataset), _declared_options()
+    unused = [(CONTEXT, f"--dataset {dataset}", f"is the window length of a text dataset, and {dataset} is not "
+                                                 "one")] if text is False else []
+    if isinstance(model, str) and model in declared:
+        unused += [(s, f"--model {model}", "applies to --model " + " or ".join(m for m in declared
+                                                                               if s.name in declared[m])
+                    + f", not to {model}") for s in MODEL_SETTINGS if s.name not in declared[model]]
+    left, notes = {}, []
+    for setting, where, what in unused:
+        if out.get(setting.name) is None:
+            continue
+        source = sources.get(setting.name, GIVEN)
+        if source == GIVEN:
+            raise UserError(f"--{setting.flag} {what}: drop it")
+        out[setting.name] = None
+        left.setdefault(where, {}).setdefault(source, []).append(setting.name)
+        notes.append(f"{setting.name}: left out, not used with {where} ({source})")
+    if text and out.get("context") is None:
+        out["context"] = DEFAULT_CONTEXT
+    if not left:
+        return (), None
+    parts = "; ".join(f"not used with {where}: " + "; ".join(f"{source}: {', '.join(names)}"
+                                                           for source, names in by_source.items())
+                      for where, by_source in left.items())
+    return tuple(notes), f"left out, {parts}"
 
 
 def resolve(request, checkpoint_config: dict | None = None, world_size: int | None = None) -> TrainConfig:

@@ -70,6 +70,34 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _dropout(flag: str, value) -> None:
+    number(flag, value, low=0.0, high=1.0, high_open=True)
+
+
+# The settings of a model's shape (structural, passed to its factory when given): each applies to the
+# models whose factory declares it (``ssdmpi/nn/models.py``: gpt's sizes, mlp's and gpt's dropout);
+# given as a flag for another model it is refused, from a preset, a file or a checkpoint left out with a
+# note (``ssdmpi/config/resolve.py``). ``widths`` (mlp's hidden widths) is declared below, as before.
+GPT_SIZE = "the model's own (ssdmpi/nn/models.py)"
+MODEL_SETTINGS = (
+    Setting("n_layer", None, "transformer blocks of --model gpt", int, positive_int, metavar="N", group=DATA,
+            default_text=GPT_SIZE, structural=True),
+    Setting("n_head", None, "attention heads per block of --model gpt (a divisor of --d-model)", int, positive_int,
+            metavar="N", group=DATA, default_text=GPT_SIZE, structural=True),
+    Setting("d_model", None, "embedding width of --model gpt", int, positive_int, metavar="N", group=DATA,
+            default_text=GPT_SIZE, structural=True),
+    Setting("dropout", None, "dropout rate of --model gpt or mlp, in [0, 1)", float, _dropout, metavar="P",
+            group=DATA, default_text="the model's own (0)", structural=True),
+)
+# The context of a language model: the tokens of each window of a text dataset (ssdmpi/data/text.py).
+# A run on a text dataset that does not give it gets DEFAULT_CONTEXT; another dataset has no windows.
+DEFAULT_CONTEXT = 128
+CONTEXT = Setting("context", None, "tokens per window of a text dataset (a language model's context)", int,
+                  positive_int, metavar="T", group=DATA, default_text=f"{DEFAULT_CONTEXT} with a text dataset",
+                  structural=True)
+# What a model's factory receives from the run's settings (when set): ``model_options``.
+MODEL_OPTIONS = ("widths",) + tuple(s.name for s in MODEL_SETTINGS)
+
 SWITCH = {"action": "store_const", "const": True}
 SETTINGS = {s.name: s for s in (
     Setting("dataset", "digits", f"dataset: {' | '.join(DATASETS)} (see ssdmpi data list)", check=_name,
@@ -81,6 +109,8 @@ SETTINGS = {s.name: s for s in (
             "package.module:factory (docs/API.md)", check=_name, group=DATA, structural=True),
     Setting("widths", None, "hidden widths of mlp", widths_value, _positive_ints, metavar="W1,W2", group=DATA,
             default_text="the model's own", structural=True),
+    CONTEXT,
+    *MODEL_SETTINGS,
     Setting("dtype", "float32", "parameter dtype", choices=("float32", "float64"), group=DATA, structural=True),
     Setting("batch_size", 32, "batch size PER RANK", int, positive_int, metavar="B", group=LENGTH, structural=True),
     Setting("epochs", 20, "epochs to train", int, positive_int, group=LENGTH),
@@ -141,6 +171,14 @@ ALTERNATIVES = (WARMUP, RUN_LENGTH)
 CLEARS = (WARMUP,)
 # Learning-rate schedules whose every value depends on the run's length.
 LENGTH_SCHEDULES = ("cosine", "poly")
+
+
+def model_options(settings) -> dict:
+    """The options a run passes to its model's factory: each of ``MODEL_OPTIONS`` that ``settings`` (a
+    ``TrainConfig`` or a config mapping, e.g. a checkpoint's) sets, ``widths`` as a tuple."""
+    values = settings if isinstance(settings, dict) else settings.to_dict()
+    return {name: tuple(values[name]) if name == "widths" else values[name] for name in MODEL_OPTIONS
+            if values.get(name) is not None}
 
 
 def first_set(settings: dict, names: tuple) -> tuple:

@@ -130,8 +130,10 @@ class TextDataset:
 
     ``train_tokens``/``val_tokens``: 1-D read-only uint8 (or uint16) arrays of token ids in
     ``[0, vocab_size)``. ``source``: where the text came from; ``licence``: its terms, one line;
-    ``description``: what the text is. It has no ``input_shape``/``num_classes``: a consumer of
-    classification data that asks for them gets a one-line ``UserError`` saying the data is text.
+    ``description``: what the text is. A model of it is built for ``model_inputs(context)``: windows
+    of ``context`` tokens, ``vocab_size`` classes (``num_classes``: the next token is one of them). It
+    has no fixed ``input_shape`` (a window's length is the run's context): a consumer of images or
+    feature vectors that asks for one gets a one-line ``UserError`` saying the data is text.
     """
 
     kind: ClassVar[str] = "text"
@@ -185,18 +187,20 @@ class TextDataset:
         windows = self.val_tokens[positions].astype(np.int64).reshape(len(chosen), T + 1)
         return windows[:, :-1].copy(), windows[:, 1:].copy()
 
-    # What consumers of classification data (models of images or feature vectors) read first.
+    @property
+    def num_classes(self) -> int:
+        """The classes a language model of this text predicts among: the vocabulary."""
+        return self.vocab_size
+
+    def model_inputs(self, context: int) -> tuple[tuple, int]:
+        """``(input_shape, num_classes)`` of a language model of ``context`` tokens: ``((context,), vocab_size)``."""
+        return (check_context(context),), self.vocab_size
+
     @property
     def input_shape(self):
-        raise self._not_classification()
-
-    @property
-    def num_classes(self):
-        raise self._not_classification()
-
-    def _not_classification(self) -> UserError:
-        return UserError(f"dataset '{self.name}' is text (token windows for a language model), not images or "
-                         "feature vectors; choose an image or tabular dataset for this model")
+        """Not defined (module docstring): a ``UserError`` for consumers of images or feature vectors."""
+        raise UserError(f"dataset '{self.name}' is text (windows of --context tokens for a language model, e.g. "
+                        "--model gpt), not images or feature vectors; choose an image or tabular dataset here")
 
 
 def from_tokens(name: str, train_tokens, val_tokens, vocab_size: int = BYTE_VOCAB, source: str = "",

@@ -23,6 +23,7 @@ class Job:
     E: int                   # steps per epoch
     total_steps: int
     workers: int             # ranks that train on data (all but asgd's servers, which have no loader)
+    context: int | None = None           # a language model's tokens per window (a text dataset), else None
     checkpoints: object = None           # this rank's CheckpointWriter (ssdmpi/checkpoint/writer.py)
     last_checkpoint: str | None = None   # the newest checkpoint of this run, or the one it resumed from
     placement: object = None             # this rank's threads and GPU, and why (comm/node.py)

@@ -40,7 +40,7 @@ def train(job: Job, comm, out: Reporter, stop: Stop) -> tuple[int, str | None]:
             else:
                 t_data = clock()
                 xb, yb = loader.next_batch()
-                if xb.dtype != model.dtype:     # --dtype float64 (the loader yields float32)
+                if xb.dtype.kind == "f" and xb.dtype != model.dtype:   # --dtype float64 (the loader: float32)
                     xb = xb.astype(model.dtype)
                 interval.data_s += clock() - t_data
                 interval.add(algo.step(backend.to_device(xb), backend.to_device(yb)))
@@ -261,6 +261,8 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int, at: dict
     at = interval_end(job) if at is None else at
     step, E = at["step"], job.E
     record = {"kind": "step", **at, **step_record(sums, job.cfg.batch_size * job.workers)}
+    if job.context is not None:      # a language model: its throughput in tokens too
+        record = with_tokens_per_s(record, job.context)
     for key in PER_STEP_TOTALS:
         state.totals[key] = state.totals.get(key, 0.0) + record[key] * steps
     state.totals["steps"] += steps
@@ -268,8 +270,26 @@ def log_interval(job: Job, comm, out: Reporter, sums: dict, steps: int, at: dict
     record["train_s"] = state.train_s()
     out.write(record)
     out.step_logged(record)
+    speed = ({"tokens/s": round(record["tokens_per_s"] or 0)} if job.context is not None
+             else {"samples/s": round(record["samples_per_s"] or 0)})
     out.progress.update(step, {"epoch": f"{step / E:.2f}", "stage": at["stage"], "loss": record["loss"],
-                               "lr": record["lr"], "samples/s": round(record["samples_per_s"] or 0)})
+                               "lr": record["lr"], **speed})
+
+
+def with_tokens_per_s(record: dict, context: int) -> dict:
+    """``record`` (a step record or the summary) with ``tokens_per_s`` (``samples_per_s`` x ``context``)
+    right after its ``samples_per_s``."""
+    out = {}
+    for key, value in record.items():
+        out[key] = value
+        if key == "samples_per_s":
+            out["tokens_per_s"] = None if value is None else value * context
+    return out
+
+
+def tokens_seen(job: Job, step: int) -> int:
+    """A language model's training tokens after ``step`` steps: step x global batch x context."""
+    return int(step) * job.cfg.batch_size * job.workers * int(job.context)
 
 
 class LaggedSums:
@@ -340,8 +360,10 @@ def save(job: Job, comm, out: Reporter, reason: str, tree: dict | None = None, r
             "dataset": job.dataset.name, "algo": cfg.algo, "reason": reason, "config": cfg.to_dict(),
             "ssdmpi_version": __version__, "test_acc": state.last_eval.get("test_acc"), "workers": job.workers,
             "global_batch": cfg.batch_size * job.workers,
-            "input_shape": list(job.dataset.input_shape), "num_classes": int(job.dataset.num_classes),
+            "input_shape": list(job.model.input_shape), "num_classes": int(job.dataset.num_classes),
             "normalisation": normalisation_record(job.dataset)}
+    if job.context is not None:
+        meta["val_loss"] = state.last_eval.get("val_loss")
     for record in job.checkpoints.save(comm, state.step, meta, tree, replicated, weights, background):
         committed(job, out, record)
 
@@ -359,12 +381,23 @@ def evaluate_now(job: Job, out: Reporter) -> dict:
     result = job.evaluator()
     step, E, state = job.state.step, job.E, job.state
     job.checkpoints.evaluated(step, result)       # a checkpoint of this step records it (and may be the best)
+    tokens = {"tokens": tokens_seen(job, step)} if job.context is not None else {}
     out.write({"kind": "eval", "step": step, "epoch": step / E, "stage": shown_stage(job.algo), "time": state.time_s(),
-               "train_s": state.train_s(), "eval_s": time.monotonic() - t0, **result})
+               "train_s": state.train_s(), **tokens, "eval_s": time.monotonic() - t0, **result})
     width = len(str(job.total_steps))
-    text = (f"eval  step {step:>{width}}/{job.total_steps}  epoch {step / E:.2f}  test acc {result['test_acc']:.2%}  "
-            f"loss {result['test_loss']:.4f}")
+    out.message(f"eval  step {step:>{width}}/{job.total_steps}  epoch {step / E:.2f}  {eval_text(result)}")
+    return result
+
+
+def eval_text(result: dict) -> str:
+    """An evaluation as the display shows it: a classifier's test accuracy and loss, a language
+    model's validation loss and perplexity; rank 0's local model ``L`` after, when evaluated."""
+    if "val_loss" in result:
+        text = f"val loss {result['val_loss']:.4f}  ppl {result['val_ppl']:.2f}"
+        if "val_loss_local" in result:
+            text += f"  (rank 0's local model L: val loss {result['val_loss_local']:.4f})"
+        return text
+    text = f"test acc {result['test_acc']:.2%}  loss {result['test_loss']:.4f}"
     if "test_acc_local" in result:
         text += f"  (rank 0's local model L: {result['test_acc_local']:.2%})"
-    out.message(text)
-    return result
+    return text

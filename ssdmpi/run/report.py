@@ -126,10 +126,15 @@ def _intro(job: Job, size: int, ckpt_path: str | None) -> list:
     cfg, model, dataset = job.cfg, job.model, job.dataset
     what = registry.algorithm(cfg.algo).describe(job.algo_cfg, job.workers)
     per = "worker" if job.workers < size else "rank"
+    if job.context is None:
+        data, batch = f"{len(dataset.train_x)} train / {len(dataset.test_x)} test", ""
+    else:
+        data = f"{dataset.num_train_tokens:,} train / {dataset.num_val_tokens:,} val tokens"
+        batch = f" windows of {job.context} tokens"
     lines = [f"ssdmpi train: {what} on {counted(size, 'rank')}, model {cfg.model} ({model.params.size} parameters, "
-             f"{cfg.dtype}), {dataset.name} ({len(dataset.train_x)} train / {len(dataset.test_x)} test)",
-             f"  batch {cfg.batch_size} per {per} ({cfg.batch_size * job.workers} in all), {job.total_steps} steps "
-             f"({job.E} per epoch), {backend.device()}; run directory {cfg.run_dir}"]
+             f"{cfg.dtype}), {dataset.name} ({data})",
+             f"  batch {cfg.batch_size}{batch} per {per} ({cfg.batch_size * job.workers} in all), {job.total_steps} "
+             f"steps ({job.E} per epoch), {backend.device()}; run directory {cfg.run_dir}"]
     if ckpt_path:
         lines.append(f"  resumed from {ckpt_path} at step {job.state.step}")
     return lines

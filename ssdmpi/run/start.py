@@ -68,7 +68,7 @@ def resolve_run(request, world_size: int | None) -> Start:
             and os.path.basename(os.path.dirname(os.path.abspath(ckpt_path))) == "checkpoints":
         changes["run_dir"] = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
     cfg = dataclasses.replace(cfg, **changes)
-    notes = () if resolved.note() is None else (resolved.note(),)
+    notes = resolved.lines()
     return Start(cfg, notes, ckpt_path, ckpt_meta, resolved=dataclasses.replace(resolved, config=cfg))
 
 

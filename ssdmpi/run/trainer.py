@@ -24,7 +24,7 @@ from ssdmpi.metrics import write_summary
 from ssdmpi.relaunch import resume_command
 from ssdmpi.run.directory import remove_created
 from ssdmpi.run.job import Job, Stop
-from ssdmpi.run.loop import PER_STEP_TOTALS, committed, evaluate_now, save, train
+from ssdmpi.run.loop import PER_STEP_TOTALS, committed, evaluate_now, save, tokens_seen, train, with_tokens_per_s
 from ssdmpi.run.report import Reporter, shown_stage
 from ssdmpi.run.setup import resume, setup
 from ssdmpi.run.start import configure, print_config
@@ -151,10 +151,11 @@ def complete(job: Job, comm) -> int:
     job.algo.finalize()
     by_steps = cfg.steps is not None
     longer = {"steps": step + job.E} if by_steps else {"epochs": 2 * math.ceil(step / job.E)}
-    acc = job.state.last_eval.get("test_acc")
+    acc, val = job.state.last_eval.get("test_acc"), job.state.last_eval.get("val_loss")
     where = f"step {step} of {total}" if step == total else f"step {step}, past the {total} steps asked for"
     _say(comm.rank, f"ssdmpi train: run {cfg.run_dir} is complete ({where}"
-                    + (f", test accuracy {acc:.2%}" if acc is not None else "") + "); nothing to do. To train "
+                    + (f", test accuracy {acc:.2%}" if acc is not None else "")
+                    + (f", validation loss {val:.4f}" if val is not None else "") + "); nothing to do. To train "
                     f"longer, give a larger --{'steps' if by_steps else 'epochs'}: "
                     + resume_command(cfg.run_dir, comm.size, longer, command=job.command))
     return 0
@@ -176,5 +177,7 @@ def _summary(job: Job, size: int, run_time: float, out: Reporter) -> None:
                **({"resized": state.resizes} if state.resizes else {}),
                "checkpoint": job.last_checkpoint, "run_dir": cfg.run_dir, "placement": job.placement.describe(),
                "config": cfg.to_dict()}
+    if job.context is not None:      # a language model: its throughput in tokens and the tokens it trained on
+        summary = dict(with_tokens_per_s(summary, job.context), tokens=tokens_seen(job, state.step))
     text, _ = write_summary(cfg.run_dir, summary)
     print(text, flush=True)
