@@ -183,9 +183,9 @@ class Compressor:
         return {"residual": self.residual, "shard_residual": self.shard_residual}
 
     def load_state_dict(self, d: dict) -> None:
-        import numpy as np
+        from ssdmpi import backend
 
-        residual, shard = np.asarray(d["residual"]), np.asarray(d["shard_residual"])
+        residual, shard = backend.to_host(d["residual"]), backend.to_host(d["shard_residual"])
         if residual.shape != (self.n,) or shard.shape != (self.S,):
             raise ValueError(f"error-feedback state of shapes {residual.shape}, {shard.shape} does not fit a "
                              f"{self.dtype} stream of {self.n} elements on {self.size} ranks")
