@@ -41,7 +41,8 @@ from ssdmpi.errors import UserError
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
-CONFIG_FILES = ("config.json", "config.yaml", "config.yml", "resolved_config.yaml")   # first found is read
+PEER_CONFIG = "config.json"   # what a benchmark's PyTorch peer records instead of config.yaml
+CONFIG_FILES = (PEER_CONFIG, "config.yaml", "config.yml", "resolved_config.yaml")   # the first found is read
 
 
 class CorruptMetrics(UserError):

@@ -329,4 +329,5 @@ SPEC = AlgorithmSpec("asgd", lambda cfg: "ssdmpi.algos.asgd:ASGD", lambda cfg, r
                      bench_required=0, bench_default=False, inspect=lambda cfg: f"{cfg.get('servers')} server(s)",
                      variants={"asgd": {"servers": 1, "asgd_order": ORDERS[1]},
                                "asgd/plain": {"servers": 1, "asgd_order": ORDERS[1], "asgd_rate": RATES[0]}},
-                     check=_check_servers, workers=lambda run, world_size: world_size - run.servers)
+                     check=_check_servers, workers=lambda run, world_size: world_size - run.servers,
+                     pattern=lambda cfg: ("servers", cfg.servers))

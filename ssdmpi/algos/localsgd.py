@@ -81,5 +81,5 @@ SPEC = AlgorithmSpec("localsgd", lambda cfg: "ssdmpi.algos.localsgd:LocalSGD",
                      settings=(DELAY, DELAY_MAX), why="it averages models every --delay steps, blocking",
                      inspect=lambda cfg: f"k={cfg.get('delay')}", label=("k={delay}",), bench=("delay",),
                      variants={"localsgd": {}}, accuracy_defaults=("localsgd",),
-                     pattern=lambda cfg: ("localsgd", cfg.delay), torch_peer="postlocal", check=_check,
+                     pattern=lambda cfg: ("averaging", cfg.delay), torch_peer="postlocal", check=_check,
                      linear_map=LinearMap(_linear_map))

@@ -23,5 +23,5 @@ def _linear_map(x, k, N, mu):
 
 SPEC = AlgorithmSpec("ssgd", lambda cfg: "ssdmpi.algos.ssgd:SSGD", lambda cfg, rule: None, lambda cfg, workers: "ssgd",
                      why="blocking allreduce every step", delay_stage=False, warmup=False, variants={"ssgd": {}},
-                     accuracy_defaults=("ssgd",), pattern=lambda cfg: ("ssgd", 1), baseline=True, torch_peer="ddp",
+                     accuracy_defaults=("ssgd",), pattern=lambda cfg: ("blocking", 1), baseline=True, torch_peer="ddp",
                      linear_map=LinearMap(_linear_map, period=False))

@@ -4,7 +4,16 @@ Each module provides ``add_arguments(parser)`` and ``run(args) -> int``, like th
 top-level subcommands. Benchmarks print ratios measured side by side in one run.
 Shared helpers: ``flags.py`` (one spelling per concept across the subcommands, and the
 deprecated old spellings), ``launch.py`` (mpiexec, the throttled network, relaunching under
-MPI) and ``stats.py``. Measured results and how they were obtained: ``BENCHMARKS.md``.
+MPI) and ``stats.py``; of the training benchmarks (``train``, ``peers``): ``variants.py`` (the
+variants, from the algorithms' specs), ``runner.py`` (their flags, one launch per run, each run
+parsed), ``rows.py`` (each run's numbers against the baseline), ``bounds.py`` (the schedules'
+bounds) and ``tables.py`` (Markdown, CSV, the result file).
+
+An outer layer: the benchmarks use the CLI, the public API and configuration, the registry's
+specs (``ssdmpi/algos/registry.py``: every algorithm's, rule's and optimizer's name comes from
+there) and one run-directory reader, ``ssdmpi/rundir.py``; never the trainer's internals
+(``tests/unit/test_bench_layering.py``). Measured results and how they were obtained:
+``BENCHMARKS.md``.
 """
 
 from __future__ import annotations

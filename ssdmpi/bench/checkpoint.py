@@ -4,8 +4,10 @@ background writer against the gather-to-rank-0 single file it replaced, at sever
 For each layout of ``--layouts`` (``N``: N ranks on this machine; ``NODESxR``: a namespaced
 cluster of NODES nodes with R ranks each, ``bin/ssdmpi-cluster``, docs/CLUSTER.md) the command
 relaunches itself under MPI. The ranks build ``--model`` (default wide-mlp, 20 M parameters)
-with ``ssd --comm period`` (k = 5) from its first step, so that every rank holds what a
-delay-stage checkpoint holds (W, M, its own L, U and S, a held mean), on synthetic data, and
+with the default algorithm at its defaults (``ssd --comm period``, k = 5) from its first step, so
+that every rank holds what a delay-stage checkpoint holds (W, M, its own L, U and S, a held mean),
+assembled as ``ssdmpi train`` assembles it from the parts' own ``state_dict`` (``state_tree``), on
+synthetic data, and
 then run ``--repeats`` rounds, each of: plain steps (the baseline step time), and the two paths
 in alternating order:
 
@@ -52,6 +54,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ssdmpi.algos import registry
 from ssdmpi.bench import launch
 from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import add_json, emit_json
@@ -111,6 +114,18 @@ def save_gathered(comm, path: str, meta: dict, tree: dict, shared: dict | None) 
 
 # --- the measurement (every rank) -----------------------------------------------------------------
 
+def state_tree(model, algo, loader, step: int, copy: bool = True) -> tuple[dict, tuple]:
+    """``(tree, replicated)``: this rank's state in the layout of a checkpoint (``ssdmpi/checkpoint/
+    sharded.py``), from the parts' own ``state_dict`` (the algorithm's drains it first): host copies,
+    or with ``copy=False`` the live buffers; ``replicated``: the paths identical on every rank."""
+    from ssdmpi import backend
+
+    buffers = {k: backend.to_host(v).copy() if copy else v for k, v in model.buffers().items()}
+    tree = {"algo": algo.state_dict(copy=copy), "model": {"buffers": buffers}, "loader": loader.state_dict(),
+            "trainer": {"step": step}}
+    return tree, tuple(f"algo/{k}" for k in algo.replicated())
+
+
 class Bench:
     """One rank's training state, its writer, and the step the measurements repeat."""
 
@@ -121,8 +136,6 @@ class Bench:
         from ssdmpi.checkpoint import CheckpointWriter
         from ssdmpi.data import ShardedLoader
         from ssdmpi.nn import build_model
-        from ssdmpi.run.state import TrainingState
-
         self.comm, self.directory = comm, directory
         self.model = build_model(args.model, (1, 28, 28), 10, seed=0)
         comm.broadcast(self.model.params, root=0)
@@ -131,19 +144,23 @@ class Bench:
         x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, n)
         self.loader = ShardedLoader(x, y, args.batch_size, comm.rank, comm.size, seed=0)
-        config = AlgoConfig(algo="ssd", comm="period", delay=5, warmup_steps=0, lr=0.01)
+        config = AlgoConfig(algo=registry.DEFAULT_ALGORITHM, warmup_steps=0, lr=0.01)
         self.algo = build_algorithm(config, self.model, comm)
-        self.state = TrainingState(self.model, self.algo, self.loader)
+        self.step_count = 0
         self.writer = CheckpointWriter(directory, keep=1)
         self.meta = {"epoch": 0.0, "stage": "delay", "model": args.model, "num_params": int(self.model.params.size),
-                     "dataset": "synthetic", "algo": "ssd", "reason": "bench", "config": {"model": args.model}}
+                     "dataset": "synthetic", "algo": registry.DEFAULT_ALGORITHM, "reason": "bench",
+                     "config": {"model": args.model}}
+
+    def state(self, copy: bool = True) -> tuple[dict, tuple]:
+        return state_tree(self.model, self.algo, self.loader, self.step_count, copy)
 
     def step(self) -> float:
         """One training step and a one-scalar allreduce (what ``poll`` costs); its seconds."""
         t0 = time.perf_counter()
         xb, yb = self.loader.next_batch()
         self.algo.step(xb, yb)
-        self.state.step += 1
+        self.step_count += 1
         self.comm.allreduce_scalars({"busy": 0.0}, op="max")
         return time.perf_counter() - t0
 
@@ -154,7 +171,7 @@ class Bench:
 
         from ssdmpi.checkpoint.sharded import piece
 
-        tree, replicated = self.state.state_dict(copy=False), self.state.replicated()
+        tree, replicated = self.state(copy=False)
         arrays = []
 
         def walk(prefix, node):
@@ -183,9 +200,9 @@ class Bench:
     def gather_round(self, path: str) -> dict:
         drain = self.drain()
         t0 = time.perf_counter()
-        tree = self.state.state_dict()
+        tree, _ = self.state()
         shared = {"model": {"global_weights": tree["algo"]["W"], "buffers": {}}} if self.comm.rank == 0 else None
-        save_gathered(self.comm, path, dict(self.meta, step=self.state.step), tree, shared)
+        save_gathered(self.comm, path, dict(self.meta, step=self.step_count), tree, shared)
         wall = time.perf_counter() - t0
         size = os.path.getsize(path) if self.comm.rank == 0 else 0
         return {"bytes_rank": size, "drain_s": drain, "wall_s": wall, "write_s": wall, "call_s": wall,
@@ -194,15 +211,15 @@ class Bench:
     def sharded_round(self, baseline: float, max_steps: int) -> dict:
         drain = self.drain()
         t0 = time.perf_counter()
-        tree, replicated = self.state.state_dict(copy=False), self.state.replicated()
-        records = self.writer.save(self.comm, self.state.step, dict(self.meta), tree, replicated, background=True)
+        tree, replicated = self.state(copy=False)
+        records = self.writer.save(self.comm, self.step_count, dict(self.meta), tree, replicated, background=True)
         call = time.perf_counter() - t0
         slowdown, steps = 0.0, 0
         while not records and steps < max_steps:
             t = time.perf_counter()
             xb, yb = self.loader.next_batch()
             self.algo.step(xb, yb)
-            self.state.step += 1
+            self.step_count += 1
             records = self.writer.poll(self.comm)
             slowdown += (time.perf_counter() - t) - baseline
             steps += 1

@@ -49,34 +49,44 @@ from pathlib import Path
 
 from ssdmpi.algos import registry
 from ssdmpi.bench.result import command_line
-from ssdmpi.bench.stats import median
-from ssdmpi.bench.train import (
-    BREAKDOWN_COLUMNS,
-    Variant,
+from ssdmpi.bench.rows import summarise
+from ssdmpi.bench.runner import (
     add_run_arguments,
-    breakdown_table,
     check_run_arguments,
     check_variants,
-    csv_table,
-    markdown_table,
-    parse_variant,
-    result_json,
     reused,
     run_jobs,
     run_variants,
     settings_line,
-    summarise,
     write_figures,
 )
+from ssdmpi.bench.stats import median
+from ssdmpi.bench.tables import BREAKDOWN_COLUMNS, breakdown_table, csv_table, markdown_table, result_json
+from ssdmpi.bench.torch_peer import PEERS
+from ssdmpi.bench.variants import Variant, forms, parse_variant
 from ssdmpi.errors import UserError
 from ssdmpi.metrics import atomic_write
 
-DEFAULT_VARIANTS = "ddp,ddp:1,postlocal:5,ssgd,ssgd:no-overlap,ssd,localsgd:5"
 PEER = "ssdmpi.bench.torch_peer"
-DEFAULT_ALGO = registry.SETTINGS["algo"].default   # ``ssd`` in --variants: ssdmpi train's default
+BASE, DEFAULT_ALGO = registry.BASELINE, registry.DEFAULT_ALGORITHM   # ssdmpi's baseline; ssdmpi train's default
+BASE_PEER = registry.ALGORITHMS[BASE].torch_peer      # ``ddp``: the peer the tables compare with
+NO_OVERLAP = "no-overlap"    # ``BASE:no-overlap``: the baseline with one bucket (NO_OVERLAP_BUCKET)
 PROGRESS = ("test", "poll", "thread", "blocking")
 NO_OVERLAP_BUCKET = "1G"     # larger than any model here: one bucket, the blocking allreduce
 WARMUP_ROUNDS = 2            # untimed passes of each engine before the compute probe's timed ones
+
+
+def _defaults(algo: str) -> str:
+    """``:V1:V2``: the defaults of ``algo``'s bench settings, as a variant writes them."""
+    return "".join(f":{registry.SETTINGS[n].default}" for n in registry.ALGORITHMS[algo].bench)
+
+
+# The baseline's peer at DDP's bucket and at 1 MB, the other peers at their algorithms' defaults, then
+# ssdmpi's baseline with and without the overlap, its default algorithm and the other peers' algorithms.
+_OTHERS = [(peer, algo) for peer, algo in PEERS.items() if peer != BASE_PEER]
+DEFAULT_VARIANTS = ",".join([BASE_PEER, f"{BASE_PEER}:1", *(peer + _defaults(algo) for peer, algo in _OTHERS),
+                             BASE, f"{BASE}:{NO_OVERLAP}", DEFAULT_ALGO,
+                             *(algo + _defaults(algo) for _, algo in _OTHERS)])
 
 # The first table: each variant against DDP (the first ddp variant) and ssgd.
 PEER_COLUMNS = (
@@ -85,7 +95,7 @@ PEER_COLUMNS = (
     ("x_ddp", "samples/s / DDP's"),
     ("final_acc", "final test acc %"),
     ("acc_vs_ddp", "acc - DDP (points)"),
-    ("acc_delta", "acc - ssgd (points)"),
+    ("acc_delta", f"acc - {BASE} (points)"),
     ("tta_s", "time to target s"),
     ("tta_x_ddp", "time to target / DDP's"),
     ("wall_s", "train s"),
@@ -112,21 +122,22 @@ def parse_peer_variant(spec: str) -> Variant:
     base, _, progress = spec.partition("@")
     parts = base.split(":")
     try:
-        if parts[0] in ("ddp", "postlocal"):
+        if parts[0] in PEERS:
             if progress:
                 raise ValueError(progress)
             return _torch_variant(parts)
         if base == DEFAULT_ALGO:     # its default settings spelt out (the tables' bounds need them)
             spec = registry.algorithm(base)
             v = Variant(base, base, {k: registry.SETTINGS[k].default for k in spec.bench})
-        elif base == "ssgd:no-overlap":
-            v = Variant("ssgd-no-overlap", "ssgd", extra=("--bucket-size", NO_OVERLAP_BUCKET))
+        elif base == f"{BASE}:{NO_OVERLAP}":
+            v = Variant(f"{BASE}-{NO_OVERLAP}", BASE, extra=("--bucket-size", NO_OVERLAP_BUCKET))
         else:
             v = parse_variant(base)
     except (ValueError, UserError):
-        raise UserError(f"--variants: {spec!r} is not understood; use ddp, ddp:MB, postlocal:K, ssgd, "
-                        "ssgd:no-overlap, ssd, or a bench train variant (ssd:period:K, localsgd:K, ...), an "
-                        f"ssdmpi one optionally with @PROGRESS ({'|'.join(PROGRESS)})") from None
+        raise UserError(f"--variants: {spec!r} is not understood; use {', '.join(_peer_forms())}, "
+                        f"{BASE}:{NO_OVERLAP}, {DEFAULT_ALGO}, or a bench train variant "
+                        f"({', '.join(text for text, _, _ in forms())}), an ssdmpi one optionally with "
+                        f"@PROGRESS ({'|'.join(PROGRESS)})") from None
     if progress:
         if progress not in PROGRESS:
             raise UserError(f"--variants: {spec!r}: the progress strategy after @ must be one of "
@@ -136,16 +147,36 @@ def parse_peer_variant(spec: str) -> Variant:
 
 
 def _torch_variant(parts: list) -> Variant:
-    """``ddp`` | ``ddp:MB`` | ``postlocal:K`` (``ValueError`` on anything else)."""
-    if parts[0] == "ddp" and len(parts) == 1:
-        return Variant("ddp", "ssgd", program=(PEER, "--peer", "ddp"))
-    if parts[0] == "ddp" and len(parts) == 2 and int(parts[1]) >= 1:
-        mb = int(parts[1])
-        return Variant(f"ddp-b{mb}", "ssgd", extra=("--bucket-size", f"{mb}M"), program=(PEER, "--peer", "ddp"))
-    if parts[0] == "postlocal" and len(parts) == 2 and int(parts[1]) >= 1:
-        return Variant(f"postlocal-k{int(parts[1])}", "localsgd", {"delay": int(parts[1])},
-                       program=(PEER, "--peer", "postlocal"))
+    """A PyTorch peer's variant: ``PEER`` or ``PEER:MB`` (its DDP bucket) for a peer of an algorithm
+    without bench settings (``ddp``, ``ddp:25``), else ``PEER:V...``, the values of its algorithm's bench
+    settings as a ``bench train`` variant gives them (``postlocal:5``); ``ValueError`` (or ``UserError``)
+    on anything else."""
+    peer, values = parts[0], parts[1:]
+    algo = PEERS[peer]
+    program = (PEER, "--peer", peer)
+    if registry.ALGORITHMS[algo].bench:
+        if not values:
+            raise ValueError(parts)
+        v = parse_variant(":".join([algo, *values]))
+        return Variant(peer + v.name[len(algo):], algo, v.settings, program=program)
+    if not values:
+        return Variant(peer, algo, program=program)
+    if len(values) == 1 and int(values[0]) >= 1:
+        mb = int(values[0])
+        return Variant(f"{peer}-b{mb}", algo, extra=("--bucket-size", f"{mb}M"), program=program)
     raise ValueError(parts)
+
+
+def _peer_forms() -> list:
+    """How ``--variants`` names the PyTorch peers: ``ddp``, ``ddp:MB``, ``postlocal:K`` (from the forms of
+    the algorithms they mirror)."""
+    out = []
+    for peer, algo in PEERS.items():
+        if registry.ALGORITHMS[algo].bench:
+            out += [peer + text[len(algo):] for text, spec, _ in forms() if spec.name == algo]
+        else:
+            out += [peer, f"{peer}:MB"]
+    return out
 
 
 def check_torch(args, variants) -> None:
@@ -169,7 +200,7 @@ def compare_to_ddp(rows, variants) -> None:
     """Add each row's ratios to DDP's (the first ddp variant): ``x_ddp`` (samples/s), ``acc_vs_ddp``
     (points), ``tta_x_ddp`` (time to target)."""
     peer_of = {v.name: v for v in variants}
-    ddp = next((r for r in rows if r["name"] in peer_of and peer_of[r["name"]].program[-1] == "ddp"
+    ddp = next((r for r in rows if r["name"] in peer_of and peer_of[r["name"]].program[-1] == BASE_PEER
                 and r.get("samples_per_s")), None)
     if ddp is None:
         return
@@ -188,7 +219,8 @@ def add_overlap_bounds(rows, variants, probe) -> list:
     ``c_fwd``/``c_bwd`` split the row's own forward+backward time as the probe's engine does
     (``fwd_share``). The rows that have it (empty without a no-overlap row or a probe)."""
     by_name = {v.name: v for v in variants}
-    blocking = next((r for r in rows if r["name"].startswith("ssgd-no-overlap") and r.get("inflight_ms")), None)
+    blocking = next((r for r in rows if r["name"].startswith(f"{BASE}-{NO_OVERLAP}") and r.get("inflight_ms")),
+                    None)
     share = (probe or {}).get("engine_fwd_share")
     if blocking is None or share is None:
         return []
@@ -232,7 +264,7 @@ def compute_probe(args, repeats: int) -> dict | None:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
-    from ssdmpi.bench.train import subset_path
+    from ssdmpi.bench.runner import subset_path
     from ssdmpi.data import load_dataset
     from ssdmpi.nn import build_model
     from ssdmpi.nn.loss import softmax_cross_entropy
@@ -333,9 +365,9 @@ def probe_line(probe) -> str:
 def add_arguments(parser) -> None:
     add_run_arguments(parser, "peers")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="V1,V2",
-                        help="ddp, ddp:MB (bucket_cap_mb), postlocal:K, ssgd, ssgd:no-overlap, ssd, any bench "
-                             "train variant; an ssdmpi one may end in @PROGRESS (test|poll|thread|blocking) "
-                             f"(default {DEFAULT_VARIANTS})")
+                        help=f"{', '.join(_peer_forms())} (MB: bucket_cap_mb), {BASE}, {BASE}:{NO_OVERLAP}, "
+                             f"{DEFAULT_ALGO}, any bench train variant; an ssdmpi one may end in @PROGRESS "
+                             f"({'|'.join(PROGRESS)}) (default {DEFAULT_VARIANTS})")
     parser.add_argument("--probe-repeats", type=int, default=5, metavar="N",
                         help="timed forward/backward passes of the compute probe per engine (0: no probe; default "
                              "%(default)s)")
@@ -347,7 +379,7 @@ def run(args) -> int:
         raise UserError(f"--probe-repeats must be >= 0, got {args.probe_repeats}")
     variants = [parse_peer_variant(v) for v in args.variants.split(",") if v.strip()]
     if not variants:
-        raise UserError("--variants is empty; give at least one, e.g. ddp,ssgd")
+        raise UserError(f"--variants is empty; give at least one, e.g. {BASE_PEER},{BASE}")
     check_variants(args, variants)
     if not args.dry_run:
         check_torch(args, variants)

@@ -19,7 +19,6 @@ A standalone module (not yet an ``ssdmpi bench`` kind).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from ssdmpi import rundir
 from ssdmpi.bench import result as result_file
 from ssdmpi.parsing import parse_list
 
@@ -67,8 +67,7 @@ def one_run(launcher: str, ranks: int, side: str, args, workdir: str) -> dict:
     wall = time.monotonic() - start
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = rundir.read_summary(run_dir)
     return {"wall_s": wall, "train_s": summary["time"], "placement": summary.get("placement")}
 
 

@@ -16,17 +16,19 @@ resolves them with ssdmpi's own configuration code, so that, flag for flag, it t
   passes over the weights as ``torch.optim.SGD`` makes, so it costs what users' DDP costs;
   ssdmpi's own update is one fused pass, ``ssdmpi/optim/fused.py``);
 - with the same threads per rank (``ssdmpi/comm/node.py``) and the same evaluation (the
-  global model on the whole test split, with ssdmpi's evaluator, after copying the weights
-  back into the engine's model; on rank 0, outside the training time);
+  global model on the whole test split, through the engine model's own ``evaluate``, after copying
+  the weights back into it; on rank 0, outside the training time: ``evaluate_split``);
 
 and writes ``metrics.jsonl``, ``summary.json`` and ``config.json`` in the run directory as
-``ssdmpi train`` does (``ssdmpi/metrics.py``), so ``ssdmpi plot`` and the benchmark read both alike.
+``ssdmpi train`` does (``ssdmpi/metrics.py``), so ``ssdmpi plot`` and the benchmark read both alike
+(``ssdmpi/rundir.py``).
 
 Peers (``--peer``):
 
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over gloo, its gradient buckets
   allreduced while the backward pass runs; ``--bucket-size`` is its ``bucket_cap_mb`` (in
-  MiB; default DDP's own 25). Run it with ``--algo ssgd``.
+  MiB; default DDP's own 25). Run it with ``--algo ssgd`` (the algorithm whose spec names the
+  peer: ``AlgorithmSpec.torch_peer``, ``PEERS``).
 - ``postlocal``: post-local SGD as PyTorch ships it: DDP with ``post_localSGD_hook``
   (``PostLocalSGDState(start_localSGD_iter=T_w, post_local_gradient_allreduce=False)``:
   global gradient averaging for the ``--warmup-steps`` T_w, then none) and a
@@ -58,11 +60,14 @@ import struct
 import sys
 import time
 
+from ssdmpi import rundir
+from ssdmpi.algos import registry
 from ssdmpi.comm import world
 from ssdmpi.errors import UserError
 
-PEERS = ("ddp", "postlocal")
-ALGO_OF = {"ddp": "ssgd", "postlocal": "localsgd"}   # the ssdmpi train --algo whose settings each takes
+# {peer: the ssdmpi train --algo whose settings it takes}: the algorithms' ``torch_peer``.
+PEERS = {spec.torch_peer: name for name, spec in registry.ALGORITHMS.items() if spec.torch_peer}
+EVAL_BATCH = 1000     # samples per forward pass in evaluation (memory, not semantics)
 DDP_DEFAULT_BUCKET_MB = 25
 INSTALL = "pip install torch (a benchmark peer only, never needed to train)"
 
@@ -72,7 +77,7 @@ def parse(argv):
     from ssdmpi.config import add_arguments
 
     parser = argparse.ArgumentParser(prog="python -m ssdmpi.bench.torch_peer")
-    parser.add_argument("--peer", choices=PEERS, required=True)
+    parser.add_argument("--peer", choices=tuple(PEERS), required=True)
     add_arguments(parser)
     args = parser.parse_args(argv)
     return args, args.peer
@@ -85,6 +90,29 @@ def resolve(args):
     from ssdmpi import config as configuration
 
     return configuration.resolve(args)
+
+
+def algorithm_settings(cfg, steps_per_epoch: int, total_steps: int, world_size: int):
+    """The algorithm's settings in steps (``AlgoConfig``) of ``cfg`` for this run's length and ranks (the
+    public ``ssdmpi.config.algo_config``, as ``ssdmpi train`` builds its algorithm's)."""
+    from ssdmpi import config as configuration
+
+    return configuration.algo_config(cfg, steps_per_epoch, total_steps, world_size)
+
+
+def evaluate_split(model, x, y, batch_size: int = EVAL_BATCH) -> tuple[float, float]:
+    """``(mean loss, accuracy)`` of the engine's ``model`` on the whole split ``(x, y)`` (host arrays), in
+    inference mode, batch by batch through the model's own ``evaluate``. Serial; blocking."""
+    import numpy as np
+
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(x), batch_size):
+        xb = np.ascontiguousarray(x[start:start + batch_size], dtype=model.dtype)
+        batch_loss, batch_correct = model.evaluate(xb, np.ascontiguousarray(y[start:start + batch_size]))
+        loss_sum += float(batch_loss)
+        correct += int(batch_correct)
+    n = len(x)
+    return (loss_sum / n, correct / n) if n else (float("nan"), float("nan"))
 
 
 def interface_address(name: str) -> str:
@@ -173,7 +201,6 @@ class Peer:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        from ssdmpi import config as configuration
         from ssdmpi.comm import node
         from ssdmpi.data import ShardedLoader, load_dataset
         from ssdmpi.nn import build_model
@@ -182,11 +209,11 @@ class Peer:
         args = self.args
         cfg = resolve(args)
         self.cfg = cfg
-        if cfg.algo != ALGO_OF[self.peer]:
-            raise UserError(f"--peer {self.peer} takes the settings of --algo {ALGO_OF[self.peer]}, not {cfg.algo}")
+        if cfg.algo != PEERS[self.peer]:
+            raise UserError(f"--peer {self.peer} takes the settings of --algo {PEERS[self.peer]}, not {cfg.algo}")
         if not cfg.run_dir:
             raise UserError("--run-dir is required")
-        if os.path.exists(os.path.join(cfg.run_dir, "metrics.jsonl")):
+        if rundir.has_metrics(cfg.run_dir):
             raise UserError(f"run directory {cfg.run_dir} already holds a run; choose another --run-dir")
         self.placement = node.place(node.discover(), "cpu", cfg.threads, None)
         if self.placement.threads:
@@ -201,7 +228,7 @@ class Peer:
                                     self.size, seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment)
         self.E = self.loader.steps_per_epoch
         self.total_steps = cfg.total_steps(self.E)
-        self.algo = configuration.algo_config(cfg, self.E, self.total_steps, self.size)
+        self.algo = algorithm_settings(cfg, self.E, self.total_steps, self.size)
         self.schedule = self.algo.global_schedule()
         twin = build_torch_model(self.engine)
         bucket_mb = cfg.bucket_size / 2**20 if cfg.bucket_size else DDP_DEFAULT_BUCKET_MB
@@ -372,9 +399,7 @@ class Peer:
         return [p.detach() for p in self.ddp.module.parameters()]
 
     def _evaluate(self, log, step: int, train_s: float) -> dict:
-        """Rank 0: the global model on the whole test split with ssdmpi's evaluator; the others wait."""
-        from ssdmpi.run.evaluation import evaluate
-
+        """Rank 0: the global model on the whole test split (``evaluate_split``); the others wait."""
         result = {}
         if self.rank == 0:
             self.engine.params[...] = self.global_weights()
@@ -382,7 +407,7 @@ class Peer:
             for key, value in self.engine.buffers().items():
                 if key in state:
                     value[...] = state[key].numpy()
-            loss, acc, _ = evaluate(self.engine, self.dataset.test_x, self.dataset.test_y)
+            loss, acc = evaluate_split(self.engine, self.dataset.test_x, self.dataset.test_y)
             result = {"test_acc": acc, "test_loss": loss}
             log.write({"kind": "eval", "step": step, "epoch": step / self.E,
                        "time": time.perf_counter() - self._t_start, "train_s": train_s, **result})
@@ -399,9 +424,9 @@ class Peer:
         if self.rank != 0:
             return None
         os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.json"), "w") as f:
+        with open(os.path.join(run_dir, rundir.PEER_CONFIG), "w") as f:
             json.dump(self._settings(), f, indent=2)
-        log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))
+        log = MetricsLog(rundir.metrics_path(run_dir))
         log.write({"kind": "start", "world_size": self.size, "peer": self.peer, "config": self._settings(),
                    "placement": self.placement.describe()})
         return log
@@ -427,7 +452,7 @@ class Peer:
                    "time": time.perf_counter() - self._t_start, "train_time": train_s, "samples_per_s": sps,
                    **last_eval, "run_dir": self.cfg.run_dir, "placement": self.placement.describe(),
                    "config": settings}
-        path = os.path.join(self.cfg.run_dir, "summary.json")
+        path = os.path.join(self.cfg.run_dir, rundir.SUMMARY)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         os.replace(path + ".tmp", path)

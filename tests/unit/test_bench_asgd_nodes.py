@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 
 
 def test_asgd_variants_parse_to_servers_and_train_flags():
-    from ssdmpi.bench.train import parse_variant
+    from ssdmpi.bench.variants import parse_variant
 
     v = parse_variant("asgd:2")
     assert (v.name, v.algo, v.servers) == ("asgd-s2", "asgd", 2)
@@ -122,13 +122,15 @@ def test_asgd_pattern_parses_and_is_named_by_its_servers():
     from ssdmpi.bench.model.alphabeta import Pattern, parse_pattern
     from ssdmpi.errors import UserError
 
-    assert parse_pattern("asgd:2") == Pattern("asgd", 2) and parse_pattern("asgd") == Pattern("asgd", 1)
-    assert Pattern("asgd", 1).name == "asgd 1 server" and Pattern("asgd", 2).name == "asgd 2 servers"
+    assert parse_pattern("servers:2") == Pattern("servers", 2) and parse_pattern("servers") == Pattern("servers", 1)
+    # an algorithm's name stands for its pattern
+    assert parse_pattern("asgd:2") == Pattern("servers", 2) and parse_pattern("asgd") == Pattern("servers", 1)
+    assert Pattern("servers", 1).name == "asgd 1 server" and Pattern("servers", 2).name == "asgd 2 servers"
     with pytest.raises(UserError, match="asgd:S"):
         parse_pattern("asgd:0")
 
 
-def measured_at(ranks, alpha, beta, c, grad=80_000_000, patterns=(("ssgd", 1), ("period", 5), ("asgd", 1))):
+def measured_at(ranks, alpha, beta, c, grad=80_000_000, patterns=(("blocking", 1), ("period", 5), ("servers", 1))):
     """A synthetic ``measure()`` result whose allreduce times follow the ring model exactly."""
     from ssdmpi.bench.model.alphabeta import Pattern, predict_step, ps_step_time, ring_allreduce_time
 
@@ -136,7 +138,7 @@ def measured_at(ranks, alpha, beta, c, grad=80_000_000, patterns=(("ssgd", 1), (
     T = ring_allreduce_time(grad, ranks, alpha, beta)
     step = {"compute only": c}
     for kind, k in patterns:
-        step[Pattern(kind, k).name] = (ps_step_time(c, grad, ranks - k, k, alpha, beta) if kind == "asgd"
+        step[Pattern(kind, k).name] = (ps_step_time(c, grad, ranks - k, k, alpha, beta) if kind == "servers"
                                        else predict_step(kind, c, T, k)) * 1.1     # measured 10% slower
     return {"model": "m", "num_params": grad // 4, "grad_bytes": grad, "batch_size": 32, "ranks": ranks,
             "fit_bytes": sizes[:3], "check_bytes": sizes[3:],
@@ -189,8 +191,10 @@ def test_fit_from_a_file_without_the_link_is_a_one_line_error(tmp_path):
 # --- staleness in the bench train table -------------------------------------------------------
 
 def test_staleness_is_the_step_weighted_mean_of_the_delay_stage(tmp_path):
-    from ssdmpi.bench.train import markdown_table, parse_variant, run_metrics, summarise
-    from ssdmpi.plot import load_run
+    from ssdmpi.bench.rows import run_metrics, summarise
+    from ssdmpi.bench.tables import markdown_table
+    from ssdmpi.bench.variants import parse_variant
+    from ssdmpi.rundir import load_run
 
     run_dir = tmp_path / "asgd-s1"
     run_dir.mkdir()

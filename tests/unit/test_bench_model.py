@@ -35,8 +35,8 @@ def test_ring_allreduce_volume_grows_as_2_n_minus_1_over_n():
 
 @pytest.mark.parametrize("kind, k, expected", [
     ("none", 1, 0.10),
-    ("ssgd", 1, 0.10 + 0.40),         # compute, then a blocking allreduce
-    ("localsgd", 5, 0.10 + 0.40 / 5),  # a blocking allreduce every 5 steps
+    ("blocking", 1, 0.10 + 0.40),     # compute, then a blocking allreduce
+    ("averaging", 5, 0.10 + 0.40 / 5),  # a blocking allreduce every 5 steps
     ("step", 1, 0.40),                # each allreduce hides behind one step: communication-bound
     ("period", 2, 0.20),              # behind 2 steps: still communication-bound, half the volume
     ("period", 5, 0.10),              # behind 5 steps: fully hidden, compute-bound
@@ -58,7 +58,7 @@ def test_overlap_with_compute_slowed_by_communication():
     assert predict_step("period", c, T, 2, compute_busy=2 * c) == pytest.approx(0.4 / 2)
     # step = period with k = 1; blocking patterns do not overlap, so c_busy does not matter
     assert predict_step("step", c, T, compute_busy=2 * c) == predict_step("period", c, T, 1, compute_busy=2 * c)
-    assert predict_step("ssgd", c, T, compute_busy=2 * c) == pytest.approx(c + T)
+    assert predict_step("blocking", c, T, compute_busy=2 * c) == pytest.approx(c + T)
     # a faster compute_busy than c is measurement noise, never a prediction faster than perfect overlap
     assert predict_step("period", c, T, 5, compute_busy=0.5 * c) == pytest.approx(c)
 
@@ -84,7 +84,7 @@ def test_speedup_of_period_is_bounded_by_one_plus_t_over_c():
     from ssdmpi.bench.model.alphabeta import predict_step
 
     c, T = 0.1, 0.4
-    speedups = [predict_step("ssgd", c, T) / predict_step("period", c, T, k) for k in (1, 2, 4, 8, 16)]
+    speedups = [predict_step("blocking", c, T) / predict_step("period", c, T, k) for k in (1, 2, 4, 8, 16)]
     assert speedups == sorted(speedups) and speedups[-1] == pytest.approx(1 + T / c)
 
 
@@ -94,8 +94,8 @@ def synthetic_measurement(c=0.05, a=3e-4, b=8e-9, grad_bytes=80 * MB):
 
     fit, check = [1 * MB, 4 * MB, 16 * MB], [2 * MB, 8 * MB, grad_bytes]
     T = a + b * grad_bytes
-    patterns = [Pattern("none"), Pattern("ssgd"), Pattern("step"), Pattern("period", 2), Pattern("period", 5),
-                Pattern("localsgd", 5)]
+    patterns = [Pattern("none"), Pattern("blocking"), Pattern("step"), Pattern("period", 2), Pattern("period", 5),
+                Pattern("averaging", 5)]
     return {"model": "wide-mlp", "num_params": grad_bytes // 4, "grad_bytes": grad_bytes, "batch_size": 64,
             "ranks": 2, "fit_bytes": fit, "check_bytes": check,
             "allreduce_s": {str(n): a + b * n for n in fit + check},
@@ -163,6 +163,28 @@ def test_report_lists_measured_points_next_to_predictions():
     assert "| ssd period k=5 | 128.06 | 128.06 | +0.0% | 5.39x | 5.39x |" in text
     assert "| 1.00 | fit |" in text
     assert "| ranks | link Gbit/s |" in text
+
+
+def test_patterns_are_named_by_kind_or_by_the_algorithm_that_has_one():
+    """The kinds are no algorithm's name; an algorithm's name stands for its spec's ``pattern``, and a
+    pattern's table name comes from the algorithms that have it."""
+    from ssdmpi.algos import registry
+    from ssdmpi.bench.model.alphabeta import PATTERNS, Pattern, parse_pattern
+    from ssdmpi.errors import UserError
+
+    assert not set(PATTERNS) & set(registry.ALGORITHMS)
+    assert parse_pattern("blocking") == parse_pattern("ssgd") == Pattern("blocking")
+    assert parse_pattern("averaging:5") == parse_pattern("localsgd:5") == Pattern("averaging", 5)
+    assert parse_pattern("step") == parse_pattern("odsgd") == Pattern("step")
+    assert parse_pattern("servers:2") == parse_pattern("asgd:2") == Pattern("servers", 2)
+    with pytest.raises(UserError, match="--patterns: 'ssd' is not understood"):   # two patterns: say which
+        parse_pattern("ssd")
+    assert [Pattern(*p).name for p in (("none",), ("blocking",), ("step",), ("period", 5), ("averaging", 5),
+                                      ("servers", 1))] == \
+        ["compute only", "ssgd", "ssd step (odsgd)", "ssd period k=5", "localsgd k=5", "asgd 1 server"]
+    kinds = {registry.ALGORITHMS["ssd"].pattern(registry.Run(comm=c))[0] for c in ("step", "period")}
+    kinds |= {spec.pattern(registry.Run())[0] for name, spec in registry.ALGORITHMS.items() if name != "ssd"}
+    assert kinds == set(PATTERNS) - {"none"}
 
 
 @pytest.mark.parametrize("flags, message", [

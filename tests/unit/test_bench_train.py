@@ -15,7 +15,7 @@ from tests.unit.test_plot import write_run
 
 
 def test_variant_specs_and_their_train_flags():
-    from ssdmpi.bench.train import parse_variant
+    from ssdmpi.bench.variants import parse_variant
 
     v = parse_variant("ssd:period:5")
     assert (v.name, v.train_flags()) == ("ssd-period-k5", ["--algo", "ssd", "--comm", "period", "--delay", "5"])
@@ -25,7 +25,7 @@ def test_variant_specs_and_their_train_flags():
 
 
 def test_default_variants_cover_every_algorithm_for_every_k():
-    from ssdmpi.bench.train import default_variants
+    from ssdmpi.bench.variants import default_variants
 
     names = [v.name for v in default_variants([2, 5])]
     assert names == ["ssgd", "ssd-period-k2", "ssd-period-k5", "ssd-step-k2", "ssd-step-k5", "odsgd",
@@ -48,7 +48,8 @@ def test_dry_run_prints_throttled_mpiexec_commands(tmp_path):
 def test_train_subset_writes_a_small_hdf5_dataset_with_the_whole_test_split(tmp_path):
     import argparse
 
-    from ssdmpi.bench.train import launch_command, parse_variant, write_subset
+    from ssdmpi.bench.runner import launch_command, write_subset
+    from ssdmpi.bench.variants import parse_variant
     from ssdmpi.data.datasets import load_raw
 
     args = argparse.Namespace(out=str(tmp_path), dataset="digits", train_subset=100, model="mlp", batch_size=8,
@@ -120,8 +121,8 @@ def test_results_from_existing_runs_table_csv_and_figures(tmp_path):
 
 
 def test_per_step_means_weight_each_record_by_the_steps_it_covers(tmp_path):
-    from ssdmpi.bench.train import run_metrics
-    from ssdmpi.plot import load_run
+    from ssdmpi.bench.rows import run_metrics
+    from ssdmpi.rundir import load_run
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -149,8 +150,8 @@ def test_per_step_means_weight_each_record_by_the_steps_it_covers(tmp_path):
 
 
 def test_ssgd_is_warm_up_forever_so_all_its_records_count(tmp_path):
-    from ssdmpi.bench.train import run_metrics
-    from ssdmpi.plot import load_run
+    from ssdmpi.bench.rows import run_metrics
+    from ssdmpi.rundir import load_run
 
     run_dir = tmp_path / "ssgd"
     run_dir.mkdir()
@@ -162,7 +163,9 @@ def test_ssgd_is_warm_up_forever_so_all_its_records_count(tmp_path):
 
 
 def test_a_failed_variant_is_reported_in_the_table_and_exits_1(tmp_path):
-    from ssdmpi.bench.train import markdown_table, parse_variant, summarise
+    from ssdmpi.bench.rows import summarise
+    from ssdmpi.bench.tables import markdown_table
+    from ssdmpi.bench.variants import parse_variant
 
     rows = summarise([parse_variant("ssgd"), parse_variant("odsgd")], {"odsgd": "failed (exit 1)"})
     assert rows[0]["status"] == "not run" and rows[1]["status"] == "failed (exit 1)"

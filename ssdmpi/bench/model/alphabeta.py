@@ -1,12 +1,14 @@
 """The alpha-beta model of step time: pure functions, no MPI (``ssdmpi bench model``).
 
-The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time)::
+The model (per rank, per step; ``S`` = gradient bytes, ``T = T_N(S)`` the allreduce time), one
+formula per communication pattern (``PATTERNS``; each algorithm's spec names its own, ``pattern``)::
 
-    ssgd                      t = c + T           blocking allreduce every step
-    localsgd, period k        t = c + T / k       blocking allreduce every k steps
-    ssd --comm period, k      t = P / k           one allreduce per period of k steps,
-                                                  overlapped with the next k steps (below)
-    ssd --comm step (odsgd)   the same, k = 1     each allreduce overlaps ONE step
+    blocking      (ssgd)                 t = c + T        blocking allreduce every step
+    averaging:K   (localsgd, period k)   t = c + T / k    blocking allreduce every k steps
+    period:K      (ssd --comm period)    t = P / k        one allreduce per period of k steps,
+                                                          overlapped with the next k steps (below)
+    step          (ssd --comm step,      the same, k = 1  each allreduce overlaps ONE step
+                   odsgd)
 
 The period ``P`` must do ``k c`` of compute and one allreduce, which may overlap only the
 first ``d`` steps of it (the window: a period rule's merge delay, ``--merge-delay d``;
@@ -28,7 +30,7 @@ a rank's link ``beta``; each rank sends ``2 (N-1)/N * S`` bytes in ``2 (N-1)`` m
 
     T_N(S) = 2 (N-1) alpha + 2 (N-1)/N * S * beta
 
-asgd with ``P`` parameter servers and ``K`` workers (``ps_step_time``; ``u``: a server's
+servers:P (asgd): ``P`` parameter servers and ``K`` workers (``ps_step_time``; ``u``: a server's
 momentum update of the whole buffer, ``u / P`` for its slice; 0 unless given). A worker
 pushes its ``P`` gradient slices (``S`` bytes in all, through its own NIC) and pulls the
 fresh slices, each after its push has arrived and been applied, so push and pull do not
@@ -64,8 +66,10 @@ then with perfect overlap). ``eta`` is the link efficiency: on a throttled names
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+from ssdmpi.algos import registry
 from ssdmpi.errors import UserError
 
 
@@ -95,31 +99,66 @@ def ring_allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) ->
 @dataclass(frozen=True)
 class CommPattern:
     """How a communication pattern communicates: ``allreduce`` None (compute only), ``"blocking"``,
-    ``"overlapped"`` (with the next steps' compute) or ``"servers"`` (asgd's pushes and pulls);
-    ``periodic``: once every k steps, not every step; ``label``: its name in tables (``{k}``, ``{s}``)."""
+    ``"overlapped"`` (with the next steps' compute) or ``"servers"`` (pushes to and pulls from parameter
+    servers); ``periodic``: once every k steps, not every step (``servers``: k is the servers)."""
 
     allreduce: str | None
     periodic: bool = False
-    label: str = ""
 
 
-# The patterns ``--patterns`` names (an algorithm's ``pattern`` in ``ssdmpi/algos/registry.py`` is one).
+NONE = "none"                  # compute only: the step loop that measures ``c``
+COMPUTE_ONLY = "compute only"  # its name in tables
+# The patterns ``--patterns`` names; an algorithm's ``pattern`` (``ssdmpi/spec.py``) is one of them.
 PATTERNS = {
-    "none": CommPattern(None, label="compute only"),
-    "ssgd": CommPattern("blocking", label="ssgd"),
-    "step": CommPattern("overlapped", label="ssd step k={k}"),
-    "period": CommPattern("overlapped", periodic=True, label="ssd period k={k}"),
-    "localsgd": CommPattern("blocking", periodic=True, label="localsgd k={k}"),
-    "asgd": CommPattern("servers", periodic=True, label="asgd {k} server{s}"),
+    NONE: CommPattern(None),
+    "blocking": CommPattern("blocking"),
+    "step": CommPattern("overlapped"),
+    "period": CommPattern("overlapped", periodic=True),
+    "averaging": CommPattern("blocking", periodic=True),
+    "servers": CommPattern("servers", periodic=True),
 }
+BLOCKING, PERIOD = "blocking", "period"    # the baseline's pattern, and the one the planning table plans
+
+
+def producers(kind: str) -> list:
+    """``[(spec, {setting: choice})]``: the algorithms whose ``pattern`` is ``kind``, in the registry's
+    order, with the choices of their bench settings that give it (``ssd`` with ``comm: step``)."""
+    out = []
+    for spec in registry.ALGORITHMS.values():
+        names = [n for n in spec.bench if registry.SETTINGS[n].choices]
+        for combo in itertools.product(*(registry.SETTINGS[n].choices for n in names)):
+            given = dict(zip(names, combo))
+            pattern = spec.pattern(registry.Run(given))
+            if pattern is not None and pattern[0] == kind:
+                out.append((spec, given))
+    return out
+
+
+def kind_label(kind: str, flags: bool = False) -> str:
+    """The algorithms a pattern stands for, from their specs: ``ssgd``, ``ssd period``, ``ssd step (odsgd)``;
+    ``flags``: as a command line names the first (``ssd --comm period``). The kind itself when no
+    algorithm has it."""
+    found = producers(kind)
+    if not found:
+        return kind
+    (spec, given), rest = found[0], [s.name for s, _ in found[1:]]
+    parts = [f"--{registry.SETTINGS[n].flag} {v}" if flags else str(v) for n, v in given.items()]
+    return " ".join([spec.name, *parts]) + (f" ({', '.join(rest)})" if rest and not flags else "")
+
+
+def window_setting():
+    """The setting that gives the default period rule's overlap window (its merge delay: what ``--delay
+    auto`` chooses with k), or None for a rule that merges at the next period's end."""
+    name = registry.RULES[registry.DEFAULT_RULE].auto_chooses
+    return registry.SETTINGS[name] if name else None
 
 
 def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, compute_busy: float | None = None,
                  allreduce_busy: float | None = None, window: int | None = None) -> float:
     """Predicted seconds per step of a communication pattern (see the module docstring).
 
-    ``kind``: ``none`` | ``ssgd`` | ``localsgd`` | ``step`` | ``period`` (``PATTERNS``; asgd's is
-    ``ps_step_time``). ``compute_busy`` / ``allreduce_busy``: a compute step's / the allreduce's
+    ``kind``: ``none`` | ``blocking`` | ``averaging`` | ``step`` | ``period`` (``PATTERNS``; ``servers``
+    is ``ps_step_time``). ``compute_busy`` / ``allreduce_busy``: a compute step's / the allreduce's
     seconds while the other runs too (default: unchanged, i.e. perfect overlap). Values faster than
     alone count as alone. ``window``: the steps of a period the allreduce may overlap, ``1..k``
     (a period rule's merge delay ``d``; default ``k``).
@@ -150,14 +189,14 @@ def predict_step(kind: str, compute: float, allreduce: float, k: int = 1, comput
 
 def ps_step_time(compute: float, nbytes: float, workers: int, servers: int, alpha: float, beta: float,
                  shared_link: bool = False, server_update: float = 0.0) -> float:
-    """Predicted seconds per step of an asgd worker (the module docstring's PS formulas).
+    """Predicted seconds per step of a worker of parameter servers (the module docstring's PS formulas).
 
     ``nbytes``: the gradient (= weights) bytes; ``beta``: seconds per byte of one rank's link
     (the fit's); ``shared_link``: all ranks share one link (one namespace's qdisc) instead of
     a NIC each; ``server_update``: seconds of one server's update of the WHOLE buffer.
     """
     if workers < 1 or servers < 1:
-        raise ValueError("asgd needs at least one worker and one server")
+        raise ValueError("the servers pattern needs at least one worker and one server")
     update = server_update / servers
     if shared_link:
         return max(compute + 2 * alpha + nbytes * beta + update, workers * nbytes * beta)
@@ -169,7 +208,8 @@ def ps_step_time(compute: float, nbytes: float, workers: int, servers: int, alph
 @dataclass(frozen=True)
 class Pattern:
     """A communication pattern measured by a step loop: ``kind`` (a name of ``PATTERNS``) and its ``k``
-    (the period; for ``asgd``, the servers)."""
+    (the period; for ``servers``, the servers). ``name``: its name in tables, from the algorithms that
+    have it (``ssgd``, ``ssd period k=5``, ``asgd 1 server``)."""
 
     kind: str
     k: int = 1
@@ -180,14 +220,43 @@ class Pattern:
 
     @property
     def name(self) -> str:
-        if self.k == 1 and self.comm.allreduce == "overlapped" and not self.comm.periodic:
-            return "ssd step (odsgd)"
-        return self.comm.label.format(k=self.k, s="s" if self.k > 1 else "")
+        if self.kind == NONE:
+            return COMPUTE_ONLY
+        label = kind_label(self.kind)
+        if self.comm.allreduce == "servers":
+            return f"{label} {self.k} server{'s' if self.k > 1 else ''}"
+        return f"{label} k={self.k}" if self.comm.periodic else label
+
+
+def _form(kind: str, name: str | None = None) -> str:
+    """How ``--patterns`` writes ``kind`` (or algorithm ``name``, which stands for it): ``period:K``."""
+    comm = PATTERNS[kind]
+    return (name or kind) + (":S" if comm.allreduce == "servers" else ":K" if comm.periodic else "")
+
+
+def _aliases() -> dict:
+    """``{algorithm: kind}`` for each algorithm whose pattern is one kind whatever its settings."""
+    kinds = {}
+    for kind in PATTERNS:
+        for spec, _ in producers(kind):
+            kinds.setdefault(spec.name, set()).add(kind)
+    return {name: found.pop() for name, found in kinds.items() if len(found) == 1}
+
+
+def pattern_forms() -> str:
+    """The forms ``--patterns`` takes, each with the algorithms it stands for (help texts, errors)."""
+    kinds = [f"{_form(kind)} ({kind_label(kind, flags=True)}" + "".join(f", {s.name}" for s, _ in producers(kind)[1:])
+             + ")" for kind, comm in PATTERNS.items() if comm.allreduce is not None]
+    aliases = ", ".join(_form(kind, name) for name, kind in _aliases().items())
+    return (f"{', '.join(kinds)}; K the period, S the servers (the last S ranks; 1 when left out); or an "
+            f"algorithm: {aliases}")
 
 
 def parse_pattern(spec: str) -> Pattern:
-    """``ssgd`` | ``step`` | ``period:K`` | ``localsgd:K`` | ``asgd[:S]`` (S servers) -> ``Pattern``."""
+    """``blocking`` | ``step`` | ``period:K`` | ``averaging:K`` | ``servers[:S]`` (S servers), or an
+    algorithm whose pattern is one of them (``localsgd:5`` is ``averaging:5``) -> ``Pattern``."""
     kind, *rest = spec.strip().split(":")
+    kind = _aliases().get(kind, kind)
     pattern = PATTERNS.get(kind)
     try:
         if pattern is not None and not rest and (not pattern.periodic or pattern.allreduce == "servers"):
@@ -196,8 +265,7 @@ def parse_pattern(spec: str) -> Pattern:
             return Pattern(kind, int(rest[0]))
     except ValueError:
         pass
-    raise UserError(f"--patterns: {spec!r} is not understood; use ssgd, step, period:K, localsgd:K "
-                    "or asgd:S (S servers)")
+    raise UserError(f"--patterns: {spec!r} is not understood; use {pattern_forms()}")
 
 
 def percent_error(predicted, measured):
@@ -222,7 +290,7 @@ def fit_link(measured: dict, fit_from: dict | None = None) -> dict:
     ranks = measured["ranks"]
     times = {int(n): t for n, t in measured["allreduce_s"].items()}
     a, b = fit_alpha_beta(measured["fit_bytes"], [times[n] for n in measured["fit_bytes"]])
-    c = measured["step_s"]["compute only"]
+    c = measured["step_s"][COMPUTE_ONLY]
     # The overlapped allreduce is measured at the gradient size: keep its ratio to the alone time.
     busy = measured.get("allreduce_busy_s")
     # Generalise the N-rank fit: T_N = 2(N-1) alpha + 2(N-1)/N S beta.
@@ -236,8 +304,8 @@ def _steps(measured: dict, link: dict, c: float, T: float, shared_link: bool) ->
     """The step-pattern table: measured vs predicted seconds per step and speedups."""
     ranks, alpha, beta = measured["ranks"], link["alpha_s"], link["beta_s_per_byte"]
     c_busy, T_busy = c * link["compute_slowdown"], T * link["comm_slowdown"]
-    ssgd_measured = measured["step_s"].get("ssgd")
-    ssgd_predicted = predict_step("ssgd", c, T)
+    ssgd_measured = measured["step_s"].get(Pattern(BLOCKING).name)
+    ssgd_predicted = predict_step(BLOCKING, c, T)
     steps = []
     for kind, k in measured["patterns"]:
         name = Pattern(kind, k).name
@@ -271,7 +339,7 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
               "predicted_s": predict_T(n), "error_pct": percent_error(predict_T(n), times[n])}
              for n in sorted(times)]
 
-    c = measured["step_s"]["compute only"]
+    c = measured["step_s"][COMPUTE_ONLY]
     T = predict_T(measured["grad_bytes"])
     steps = _steps(measured, link, c, T, shared_link)
     if efficiency is None:
@@ -288,10 +356,10 @@ def analyse(measured: dict, rate_bps=None, efficiency=None, plan_ranks=(2, 4, 8,
         for gbit in plan_gbits:
             beta_link = 8 / (efficiency * gbit * 1e9)
             T_n = ring_allreduce_time(measured["grad_bytes"], n, alpha, beta_link)
-            t_ssgd = predict_step("ssgd", c_plan, T_n)
+            t_ssgd = predict_step(BLOCKING, c_plan, T_n)
             busy = (c_plan * slowdown, T_n * comm_slowdown)
-            t_ssd = predict_step("period", c_plan, T_n, plan_k, *busy)
-            t_one = predict_step("period", c_plan, T_n, plan_k, *busy, window=1)   # the default --merge-delay 1
+            t_ssd = predict_step(PERIOD, c_plan, T_n, plan_k, *busy)
+            t_one = predict_step(PERIOD, c_plan, T_n, plan_k, *busy, window=1)   # d = 1: the default merge delay
             plan.append({"ranks": n, "gbit": gbit, "allreduce_s": T_n, "ssgd_s": t_ssgd, "ssd_period_s": t_ssd,
                          "speedup": t_ssgd / t_ssd, "ssd_d1_s": t_one, "speedup_d1": t_ssgd / t_one,
                          "best_k": max(1, int(-(-T_n // c_plan)))})

@@ -18,7 +18,7 @@ import sys
 from ssdmpi.bench import launch
 from ssdmpi.bench import result as result_file
 from ssdmpi.bench.flags import add_json, deprecated_alias, emit_json
-from ssdmpi.bench.model.alphabeta import analyse, parse_pattern
+from ssdmpi.bench.model.alphabeta import analyse, parse_pattern, pattern_forms
 from ssdmpi.bench.model.measure import measure, sizes_mb
 from ssdmpi.bench.model.report import report
 from ssdmpi.errors import UserError
@@ -43,9 +43,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check-sizes", default="2,8,32", metavar="MB1,MB2",
                         help="held-out allreduce sizes, in MB (default %(default)s; the model's gradient size is "
                              "always added)")
-    parser.add_argument("--patterns", default="ssgd,step,period:2,period:5,period:10,localsgd:5",
-                        metavar="P1,P2", help="step loops to measure: ssgd, step, period:K, localsgd:K, "
-                                              "asgd:S (the last S ranks are parameter servers)")
+    parser.add_argument("--patterns", default="blocking,step,period:2,period:5,period:10,averaging:5",
+                        metavar="P1,P2", help=f"step loops to measure: {pattern_forms()} (default %(default)s)")
     parser.add_argument("--steps", type=int, default=6,
                         help="measured steps per loop (at least 2 periods; default %(default)s)")
     reps = parser.add_argument("--allreduce-repeats", type=int, default=3,
@@ -110,8 +109,8 @@ def _validate(args) -> None:
     sizes_mb(args.check_sizes, "--check-sizes")
     for p in map(parse_pattern, args.patterns.split(",")):
         if p.comm.allreduce == "servers" and p.k >= args.ranks:
-            raise UserError(f"--patterns asgd:{p.k}: {p.k} server(s) leave no worker among {args.ranks} ranks; "
-                            "use fewer servers or more ranks")
+            raise UserError(f"--patterns {p.kind}:{p.k}: {p.k} server(s) leave no worker among {args.ranks} "
+                            "ranks; use fewer servers or more ranks")
     _fit_from(args.fit_from)
     _plan_ranks(args.plan_ranks)
     _plan_gbits(args.plan_gbits)
@@ -134,10 +133,11 @@ def run(args) -> int:
         comm.free()
         raise UserError("bench model needs at least 2 ranks (mpiexec -n 2 ...)", collective=True)
     patterns = map(parse_pattern, args.patterns.split(","))
-    servers = max([p.k for p in patterns if p.comm.allreduce == "servers"], default=0)
-    if servers >= comm.size:
+    served = max([p for p in patterns if p.comm.allreduce == "servers"], key=lambda p: p.k, default=None)
+    if served is not None and served.k >= comm.size:
         comm.free()
-        raise UserError(f"--patterns asgd:{servers} needs more than {servers} ranks, got {comm.size}", collective=True)
+        raise UserError(f"--patterns {served.kind}:{served.k} needs more than {served.k} ranks, got {comm.size}",
+                        collective=True)
     say = (lambda text: print(f"[bench model] {text}", file=sys.stderr, flush=True)) if comm.rank == 0 \
         else (lambda text: None)
     say(f"{comm.size} ranks, progress {comm.strategy}, network {args.net}")

@@ -8,13 +8,13 @@ What it measures (all ranks together, rank 0 prints; ``--ranks`` >= 2, default 2
 2. step loops of the real model (``--model``, random batches of ``--batch-size``): the
    same step (forward, backward, an SGD update of the flat weights) with no communication
    (that is ``c``, the compute time per step), and with each variant's communication
-   pattern: ``ssgd`` (blocking allreduce of the gradient every step), ``localsgd k``
-   (blocking allreduce of the weights every k steps), ``step`` (nonblocking allreduce of
+   pattern: ``blocking`` (blocking allreduce of the gradient every step: ssgd), ``averaging:K``
+   (blocking allreduce of the weights every k steps: localsgd), ``step`` (nonblocking allreduce of
    each step's gradient, waited one step later: ``ssd --comm step`` / ``odsgd``) and
-   ``period k`` (gradients accumulated over k steps, one nonblocking allreduce per period,
-   waited at the end of the next period: ``ssd --comm period``) and ``asgd:P`` (the last
+   ``period:K`` (gradients accumulated over k steps, one nonblocking allreduce per period,
+   waited at the end of the next period: ``ssd --comm period``) and ``servers:P`` (the last
    ``P`` ranks are parameter servers, the others workers that push their gradient's slices
-   and pull fresh weights every step, as ``ssdmpi/algos/asgd.py`` does). Variants are interleaved
+   and pull fresh weights every step, as asgd does, with message tags of its own). Variants are interleaved
    and repeated ``--repeats`` times; each time per step is the slowest rank's, median over
    repeats;
 3. overlap, in every repeat: compute steps run while an allreduce of the gradient size is
@@ -34,6 +34,7 @@ from ssdmpi.bench.model.alphabeta import Pattern, parse_pattern
 from ssdmpi.parsing import parse_list
 
 MB = 1_000_000
+PUSH_TAG, PULL_TAG = 7501, 7502     # the servers loop's messages (point to point, on the bench's communicator)
 
 
 def sizes_mb(text: str, flag: str) -> list:
@@ -87,14 +88,14 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
             start = time.perf_counter()
         _compute(model, x, labels)
         blocking, periodic = pattern.comm.allreduce == "blocking", pattern.comm.periodic
-        if blocking and not periodic:                   # ssgd
+        if blocking and not periodic:                   # blocking (ssgd)
             comm.allreduce(grads, average=False)
-        elif pattern.comm.allreduce == "overlapped" and not periodic:        # ssd --comm step
+        elif pattern.comm.allreduce == "overlapped" and not periodic:        # step (ssd --comm step)
             if handle is not None:
                 handle.wait()
             np.copyto(inflight, grads)
             handle = comm.allreduce_start(inflight, average=False)
-        elif pattern.comm.allreduce == "overlapped":  # ssd --comm period
+        elif pattern.comm.allreduce == "overlapped":  # period (ssd --comm period)
             acc += grads
             if (i + 1) % pattern.k == 0:
                 if handle is not None:
@@ -102,7 +103,7 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
                 np.copyto(inflight, acc)
                 acc.fill(0)
                 handle = comm.allreduce_start(inflight, average=False)
-        if blocking and periodic and (i + 1) % pattern.k == 0:      # localsgd
+        if blocking and periodic and (i + 1) % pattern.k == 0:      # averaging (localsgd)
             comm.allreduce(params, average=True)
     elapsed = time.perf_counter() - start
     if handle is not None:
@@ -111,7 +112,7 @@ def _step_loop(comm, model, x, labels, pattern: Pattern, steps: int, warm: int) 
 
 
 def _ps_loop(comm, model, x, labels, servers: int, steps: int, warm: int) -> float:
-    """asgd's exchange (``ssdmpi/algos/asgd.py``): seconds per step of the slowest worker.
+    """The parameter servers' exchange (asgd's): seconds per step of the slowest worker.
 
     Ranks ``0..K-1`` are workers: compute, then push each server its slice of the gradient
     and receive that server's fresh slice of the weights into ``model.params``. The last
@@ -120,8 +121,6 @@ def _ps_loop(comm, model, x, labels, servers: int, steps: int, warm: int) -> flo
     fixed (``K * (warm + steps)`` pushes per server), so the loop cannot hang on a lost message.
     """
     import numpy as np
-
-    from ssdmpi.algos.asgd import PULL_TAG, PUSH_TAG, shard
 
     K = comm.size - servers
     shards = [shard(model.params.size, j, servers) for j in range(servers)]
@@ -153,6 +152,13 @@ def _ps_loop(comm, model, x, labels, servers: int, steps: int, warm: int) -> flo
             comm.wait_all(pushes + pulls)
         elapsed = (time.perf_counter() - start) / steps
     return _slowest(comm, elapsed)
+
+
+def shard(n: int, j: int, servers: int) -> slice:
+    """Server ``j``'s contiguous slice of ``n`` weights (sizes differ by at most one)."""
+    base, extra = divmod(int(n), int(servers))
+    start = j * base + min(j, extra)
+    return slice(start, start + base + (1 if j < extra else 0))
 
 
 def _overlapped(comm, model, x, labels, nbytes: int, reps: int) -> tuple:

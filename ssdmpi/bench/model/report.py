@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ssdmpi.algos import registry
+from ssdmpi.bench.model.alphabeta import BLOCKING, NONE, PERIOD, Pattern, kind_label, window_setting
 from ssdmpi.bench.model.measure import MB
 
 
@@ -32,20 +34,24 @@ def report(measured: dict, result: dict, net: str) -> str:
         role = "fit" if s["fitted"] else ("held out (model size)" if s["bytes"] == m["grad_bytes"] else "held out")
         out.append(f"| {s['bytes'] / MB:.2f} | {role} | {s['measured_s'] * 1e3:.2f} | {s['predicted_s'] * 1e3:.2f} | "
                    f"{'' if s['fitted'] else _pct(s['error_pct'])} |")
-    out += ["", "| step pattern | measured ms/step | predicted ms/step | error | measured speedup vs ssgd | "
+    base = Pattern(BLOCKING).name
+    out += ["", f"| step pattern | measured ms/step | predicted ms/step | error | measured speedup vs {base} | "
                 "predicted speedup |", "|---|---:|---:|---:|---:|---:|"]
     for s in r["steps"]:
         ms = "" if s["measured_speedup"] is None else f"{s['measured_speedup']:.2f}x"
         out.append(f"| {s['pattern']} | {s['measured_s'] * 1e3:.2f} | {s['predicted_s'] * 1e3:.2f} | "
-                   f"{'(input c)' if s['kind'] == 'none' else _pct(s['error_pct'])} | {ms} | "
+                   f"{'(input c)' if s['kind'] == NONE else _pct(s['error_pct'])} | {ms} | "
                    f"{s['predicted_speedup']:.2f}x |")
-    out += ["", f"Planning: predicted speedup of ssd --comm period k={r['plan_k']} over ssgd for this model, "
+    window = window_setting()
+    flag = f"--{window.flag}" if window is not None else "d"
+    out += ["", f"Planning: predicted speedup of {kind_label(PERIOD, flags=True)} k={r['plan_k']} over "
+                f"{registry.BASELINE} for this model, "
                 f"c = {r['plan_compute_s'] * 1e3:.2f} ms/step, link efficiency {r['efficiency']:.2f} "
-                f"(best k = ceil(T/c)): the allreduce hidden behind the whole period (as --merge-delay "
+                f"(best k = ceil(T/c)): the allreduce hidden behind the whole period (as {flag} "
                 f"{r['plan_k']}; --delay auto chooses k and d to hide it) and behind one step (the default "
-                f"--merge-delay 1)", "",
-            "| ranks | link Gbit/s | allreduce ms | ssgd ms/step | ssd period ms/step | speedup | d = 1 ms/step "
-            "| d = 1 speedup | best k |",
+                f"{flag} {window.default if window is not None else 1})", "",
+            f"| ranks | link Gbit/s | allreduce ms | {base} ms/step | {kind_label(PERIOD)} ms/step | speedup "
+            "| d = 1 ms/step | d = 1 speedup | best k |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in r["plan"]:
         out.append(f"| {p['ranks']} | {p['gbit']:g} | {p['allreduce_s'] * 1e3:.1f} | {p['ssgd_s'] * 1e3:.1f} | "
