@@ -163,3 +163,74 @@ def test_a_run_in_int8_sends_a_quarter_of_the_bytes_per_step(tmp_path):
         per_step[dtype] = sum(delay) / len(delay)
         assert "MB sent" in (run / "summary.txt").read_text()
     assert 0 < per_step["int8"] <= 0.27 * per_step["float32"]
+
+
+# -- the device path, on host memory ---------------------------------------------------------------
+
+class DeviceLike(np.ndarray):
+    """NumPy memory posing as a CuPy array: ``__cuda_array_interface__``, ``get`` and ``set`` (the names the
+    transport drives); NumPy's functions on it return it, as CuPy's return device arrays. No streams:
+    this checks the device path's data flow (``tests/unit/test_gpu_staging.py`` the stream order)."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ctypes.data, False), "strides": None,
+                "version": 3}
+
+    def get(self, out=None, stream=None, blocking=True):
+        out = np.empty(self.shape, self.dtype) if out is None else out
+        out[...] = np.asarray(self)
+        return out
+
+    def set(self, host, stream=None):
+        np.asarray(self)[...] = host
+
+
+class FakeCupy:
+    """``xp`` of ``DeviceLike`` arrays: NumPy's functions under another module name."""
+
+    __name__ = "fakecupy"
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def zeros(self, *args, **kwargs):
+        return np.zeros(*args, **kwargs).view(DeviceLike)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int8"])
+def test_a_device_buffer_takes_the_device_path_and_gets_the_host_paths_bits(monkeypatch, dtype):
+    """Steps 1 and 5 in ``xp`` on the buffer's device, the codes staged through pinned host memory, the copy
+    back: three sums (with their error feedback) bitwise those of the same sums of host buffers."""
+    from mpi4py import MPI
+
+    from ssdmpi import backend
+    from ssdmpi.comm.communicator import Communicator
+
+    fake = FakeCupy()
+    real = backend.array_module
+    monkeypatch.setattr(backend, "array_module", lambda a: fake if isinstance(a, DeviceLike) else real(a))
+    n = 70_001
+    data = [np.random.default_rng(p).standard_normal(n).astype(np.float32) for p in range(3)]
+    results = {}
+    for device in (False, True):
+        c = Communicator(MPI.COMM_SELF, progress="test", transport="host", stall_timeout=None)
+        try:
+            like = np.zeros(n, np.float32).view(DeviceLike) if device else np.zeros(n, np.float32)
+            stream = c.compressor(dtype, like)
+            assert (stream.xp is fake) == device
+            out = []
+            for p, x in enumerate(data):
+                buf = x.copy().view(DeviceLike) if device else x.copy()
+                c.allreduce_start(buf, average=p == 2, compressor=stream).wait()
+                out.append(np.array(buf))
+            staged = list(c.grads._host_staging._staging.values()) if device else []
+            results[device] = (out, np.array(stream.residual), stream.shard_residual.copy(), staged)
+        finally:
+            c.free()
+    host, dev = results[False], results[True]
+    for a, b in zip(host[0], dev[0]):
+        assert np.array_equal(a, b)
+    assert np.array_equal(host[1], dev[1]) and np.array_equal(host[2], dev[2])
+    assert len(dev[3]) == 1 and dev[3][0].dtype == np.uint8     # the codes were staged, not float32
+    assert not np.array_equal(dev[0][0], data[0])                 # it did compress
