@@ -14,6 +14,9 @@ import sys
 import pytest
 
 from ssdmpi.bench import accuracy
+from ssdmpi.bench.accuracy import command, configs
+from ssdmpi.bench.accuracy import simulate as accuracy_simulate
+from ssdmpi.bench.accuracy import tables as accuracy_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--dataset", "digits", "--models", "mlp", "--ranks", "1,2", "--delays", "2,3", "--epochs", "0.5",
@@ -44,7 +47,7 @@ def sweep(tmp_path_factory):
 def test_csv_has_one_row_per_configuration(sweep):
     out, _ = sweep
     rows = read_csv(out / "results.csv")
-    assert list(rows[0]) == list(accuracy.FIELDS)
+    assert list(rows[0]) == list(configs.FIELDS)
     # per N: ssgd once + 3 variants x 2 values of k
     assert len(rows) == 2 * (1 + 3 * 2)
     keys = {(r["N"], r["variant"], r["k"]) for r in rows}
@@ -144,10 +147,10 @@ def test_with_diffs_gives_zero_for_ssgd_and_blank_without_a_reference():
             dict(model="mlp", lr=0.1, N=4, variant="localsgd", k=5, seed=0, acc_W=70.0),
             dict(model="mlp", lr=0.1, N=2, variant="localsgd", k=5, seed=1, acc_W=70.0),
             dict(model="mlp", lr=0.2, N=2, variant="localsgd", k=5, seed=0, acc_W=70.0)]
-    diffs = [r["diff_vs_ssgd"] for r in accuracy.with_diffs(rows)]
+    diffs = [r["diff_vs_ssgd"] for r in accuracy_tables.with_diffs(rows)]
     assert diffs == [0.0, 1.5, "", "", ""]
     rows[0]["acc_W_tail"], rows[1]["acc_W_tail"], rows[3]["acc_W_tail"] = "78.25", "77.0", "70.0"
-    tails = [r["diff_tail_vs_ssgd"] for r in accuracy.with_diffs(rows)]
+    tails = [r["diff_tail_vs_ssgd"] for r in accuracy_tables.with_diffs(rows)]
     assert tails == [0.0, -1.25, "", "", ""]                        # seed 1 has no ssgd row to compare with
 
 
@@ -172,10 +175,10 @@ def test_numbers_are_the_reference_simulators(sweep):
 
 
 def test_tail_iterations_spread_over_the_second_half_and_end_at_the_end():
-    assert accuracy.tail_iterations(10, 4) == [6, 7, 8, 10]
-    assert accuracy.tail_iterations(100, 5) == [60, 70, 80, 90, 100]
-    assert accuracy.tail_iterations(4, 5) == [3, 4]                  # fewer iterations than asked: each once
-    assert accuracy.tail_iterations(100, 0) == []
+    assert accuracy_simulate.tail_iterations(10, 4) == [6, 7, 8, 10]
+    assert accuracy_simulate.tail_iterations(100, 5) == [60, 70, 80, 90, 100]
+    assert accuracy_simulate.tail_iterations(4, 5) == [3, 4]                  # fewer iterations than asked: each once
+    assert accuracy_simulate.tail_iterations(100, 0) == []
 
 
 def test_tail_is_the_mean_accuracy_of_runs_stopped_and_finalized_there(tmp_path):
@@ -196,7 +199,7 @@ def test_tail_is_the_mean_accuracy_of_runs_stopped_and_finalized_there(tmp_path)
     ds = load_dataset("digits")
     cfg = AlgoConfig(algo="ssd", comm="period", period_rule="delta-merge", delay=3, warmup_steps=4, lr=0.05)
     accs = []
-    for t in accuracy.tail_iterations(steps, 3):
+    for t in accuracy_simulate.tail_iterations(steps, 3):
         loaders = [ShardedLoader(ds.train_x, ds.train_y, 8, r, 2, 0) for r in range(2)]
         sim = simulate(cfg, lambda: build_model("mlp", ds.input_shape, ds.num_classes, seed=0, widths=(256,)),
                        loaders, t)
@@ -222,7 +225,7 @@ def test_resume_reads_a_sweep_written_before_the_tail_fields(tmp_path):
     args = TINY[:-1] + ["ssgd,localsgd", "--ranks", "2", "--delays", "2"]
     assert bench(args + ["--out", str(out)]).returncode == 0
     rows = read_csv(out / "results.csv")
-    old = [f for f in accuracy.FIELDS if f not in ("tail", "acc_W_tail")]
+    old = [f for f in configs.FIELDS if f not in ("tail", "acc_W_tail")]
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
         writer.writeheader()
@@ -231,7 +234,7 @@ def test_resume_reads_a_sweep_written_before_the_tail_fields(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "resume: 2 configuration(s)" in again.stderr and "[1/" not in again.stderr
     upgraded = read_csv(out / "results.csv")
-    assert list(upgraded[0]) == list(accuracy.FIELDS)
+    assert list(upgraded[0]) == list(configs.FIELDS)
     assert [(r["variant"], r["acc_W"], r["tail"], r["acc_W_tail"]) for r in upgraded] == \
         [(r["variant"], r["acc_W"], "0", "") for r in rows]
 
@@ -263,7 +266,7 @@ def test_a_configuration_runs_with_one_blas_thread_whatever_the_callers_limit(mo
     monkeypatch.setattr(reference, "simulate", spy)
     cfg = dict(ASGD_CFG, variant="ssgd", N=1, epochs=0.05)
     with threadpool_limits(limits=2):
-        row = accuracy.run_config(cfg)
+        row = accuracy_simulate.run_config(cfg)
     assert seen == [1] and 0 <= row["acc_W"] <= 100
 
 
@@ -358,7 +361,7 @@ def test_asgd_variant_is_the_reference_asgd_with_one_server_in_round_robin_order
     from ssdmpi.nn import build_model
     from ssdmpi.verify.reference import ASGDSimulation, simulate
 
-    row = accuracy.run_config(dict(ASGD_CFG, N=2))
+    row = accuracy_simulate.run_config(dict(ASGD_CFG, N=2))
     ds = load_dataset("digits")
     loaders = [ShardedLoader(ds.train_x, ds.train_y, 8, w, 2, 0) for w in range(2)]
     cfg = AlgoConfig(algo="asgd", servers=1, asgd_order="round-robin", warmup_steps=4, lr=0.05)
@@ -372,21 +375,21 @@ def test_asgd_variant_is_the_reference_asgd_with_one_server_in_round_robin_order
 
 def test_asgd_with_one_worker_is_ssgd_with_one_worker():
     """ALGORITHM.md 11: with one worker, ASGD is plain momentum SGD, so its cell equals ssgd's."""
-    asgd = accuracy.run_config(dict(ASGD_CFG, N=1))
-    ssgd = accuracy.run_config(dict(ASGD_CFG, N=1, variant="ssgd"))
+    asgd = accuracy_simulate.run_config(dict(ASGD_CFG, N=1))
+    ssgd = accuracy_simulate.run_config(dict(ASGD_CFG, N=1, variant="ssgd"))
     assert asgd["steps"] == ssgd["steps"] > 4
     assert asgd["acc_W"] == ssgd["acc_W"]
 
 
 def test_asgd_has_one_column_like_ssgd():
     args = accuracy_args(variants="ssgd,asgd,localsgd", delays="2,5")
-    configs, _ = accuracy.parse(args)
+    configs, _ = command.parse(args)
     assert sorted((c["variant"], c["k"]) for c in configs if c["N"] == 2 and c["model"] == "mlp") == \
         [("asgd", 0), ("localsgd", 2), ("localsgd", 5), ("ssgd", 0)]
     rows = [dict(model="mlp", lr=0.02, N=2, variant=v, k=k, seed=0, acc_W=a) for v, k, a in
             [("ssgd", 0, 80.0), ("asgd", 0, 78.5), ("localsgd", 2, 79.0), ("localsgd", 5, 79.5)]]
     for k in (2, 5):
-        text = accuracy.table(rows, ["mlp"], [0.02], [2], ["ssgd", "asgd", "localsgd"], k)
+        text = accuracy_tables.table(rows, ["mlp"], [0.02], [2], ["ssgd", "asgd", "localsgd"], k)
         assert text.splitlines()[0] == f"| model | lr | N | ssgd | asgd | localsgd k={k} |"
         assert "| 78.50 [-1.50] |" in text
 
@@ -417,5 +420,5 @@ def test_every_variant_a_doc_runs_with_bench_accuracy_is_known():
                 for match in re.finditer(r"--variants\s+([^\s`]+)", line):
                     named.update(v for v in match.group(1).split(",") if v and not v.startswith("$"))
     assert "asgd/plain" in named and "period/delta-merge:d=1:mom=1" in named, sorted(named)
-    unknown = sorted(v for v in named if not accuracy._known(v))
+    unknown = sorted(v for v in named if not configs.known(v))
     assert unknown == [], f"variants in the docs that bench accuracy refuses: {unknown}"

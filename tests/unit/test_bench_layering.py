@@ -1,7 +1,7 @@
 """``ssdmpi/bench/`` is an outer layer (docs/ARCHITECTURE.md): read from the source, its modules import
 nothing of the trainer (``ssdmpi.run``) nor an algorithm's or rule's own module or any private name of
 ``ssdmpi.algos``, write out no algorithm's, rule's or optimizer's name, and read run directories only
-through ``ssdmpi/rundir.py``, the one module that opens ``metrics.jsonl``."""
+through ``ssdmpi/rundir.py``, the one module that reads ``metrics.jsonl``."""
 
 import ast
 import inspect
@@ -15,9 +15,6 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "ssdmpi"
 BENCH = PACKAGE / "bench"
-# The trainer's own modules that create and move ``metrics.jsonl`` (writers, not readers); they are to
-# name it through ``ssdmpi.rundir.metrics_path`` too.
-WRITERS = {"run/report.py", "run/directory.py"}
 
 
 def _modules(root: pathlib.Path) -> list:
@@ -96,6 +93,25 @@ def metrics_file_named(root: pathlib.Path) -> list:
     return sorted(found)
 
 
+READS = {"read_text", "read_bytes", "readlines", "load", "loads"}    # reading a file's lines or parsing JSON
+
+
+def metrics_file_opened(root: pathlib.Path) -> list:
+    """The modules under ``root`` that name ``metrics.jsonl`` and read or parse a file themselves
+    (``Path.read_text``, ``readlines``, ``json.load``/``loads``) instead of asking ``ssdmpi.rundir``.
+    A module that only names it to write it (``MetricsLog(path)``) or move it is no reader."""
+    found = []
+    for rel, tree in _modules(root):
+        skip = _docstrings(tree)
+        named = any(isinstance(n, ast.Constant) and n.value == "metrics.jsonl" and id(n) not in skip
+                    for n in ast.walk(tree))
+        reads = any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) in READS
+                                                 or getattr(n.func, "attr", None) in READS) for n in ast.walk(tree))
+        if named and reads:
+            found.append(rel.removeprefix(f"{root.name}/"))
+    return sorted(found)
+
+
 def _plant(tmp_path, files: dict) -> pathlib.Path:
     for rel, text in files.items():
         path = tmp_path / "pkg" / rel
@@ -114,6 +130,10 @@ def test_the_finders_find_planted_violations(tmp_path):
         "d.py": '"""ssgd in a docstring is fine."""\nK = {"ssgd": 1}\n\n\ndef f(k):\n'
                 '    return f"ssd:period:{k}", "ssd-period-k5", "ssgd\'s final", "odsgd"\n',
         "e.py": 'import os\nPATH = os.path.join("run", "metrics.jsonl")\n',
+        "f.py": 'import json, os\n\n\ndef read(d):\n    with open(os.path.join(d, "metrics.jsonl")) as f:\n'
+                '        return [json.loads(line) for line in f]\n',
+        "g.py": 'import json\nfrom pathlib import Path\n\n\ndef lines(d):\n'
+                '    return [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]\n',
     })
     assert layering_violations(pkg, {"ssdmpi.algos.asgd"}) == [
         "pkg/a.py: imports ssdmpi.run", "pkg/a.py: imports ssdmpi.run.setup",
@@ -122,7 +142,8 @@ def test_the_finders_find_planted_violations(tmp_path):
         "pkg/c.py: imports ssdmpi.algos.registry._discover"]
     assert written_names(pkg, {"ssgd", "ssd", "odsgd"}) == ["pkg/d.py:2 ssgd", "pkg/d.py:6 odsgd", "pkg/d.py:6 ssd",
                                                          "pkg/d.py:6 ssgd"]
-    assert metrics_file_named(pkg) == ["e.py"]
+    assert metrics_file_named(pkg) == ["e.py", "f.py", "g.py"]
+    assert metrics_file_opened(pkg) == ["f.py", "g.py"]
 
 
 # -- the package -----------------------------------------------------------------------------------
@@ -136,11 +157,14 @@ def test_bench_writes_no_algorithm_rule_or_optimizer_name():
     assert written_names(BENCH, names) == []
 
 
-def test_only_the_run_directory_reader_names_the_metrics_file():
+def test_only_the_run_directory_reader_opens_the_metrics_file():
+    """Elsewhere the trainer may name the file it writes (``MetricsLog(path)``), nobody reads it but
+    ``ssdmpi/rundir.py``; the bench, ``plot`` and ``loggers`` do not even name it (``rundir.metrics_path``)."""
     from ssdmpi import rundir
 
     assert rundir.METRICS == "metrics.jsonl"
-    assert set(metrics_file_named(PACKAGE)) - WRITERS == {"rundir.py"}
+    assert metrics_file_opened(PACKAGE) == ["rundir.py"]
+    assert [f for f in metrics_file_named(PACKAGE) if f.startswith("bench/") or f in ("plot.py", "loggers.py")] == []
 
 
 def test_bench_plot_and_loggers_read_run_directories_through_the_reader():
