@@ -82,8 +82,10 @@ class Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every subcommand's arguments."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with every subcommand's arguments, or (``only``: a command's name) with that one's
+    arguments only: a command does not pay for building the others' (``bench``'s help texts resolve
+    every variant against the registry)."""
     parser = Parser(prog="ssdmpi", description="Data-parallel neural-network training with SSD-SGD over MPI.")
     parser.add_argument("--version", action="version", version=f"ssdmpi {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -92,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         help_text = help_text(module) if callable(help_text) else help_text
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(p)
+        if only is None or name == only:
+            module.add_arguments(p)
         p.set_defaults(run=functools.partial(_run, runner[0]) if runner else module.run)
     return parser
 
@@ -121,7 +124,9 @@ def report_user_error(exc: UserError) -> int:
 def main(argv=None) -> int:
     """Entry point of the ``ssdmpi`` console script."""
     install_abort_hook()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     try:
         return int(args.run(args) or 0)
     except UserError as exc:

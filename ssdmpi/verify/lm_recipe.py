@@ -37,9 +37,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ssdmpi.algos import registry
+
 VAL_RTOL = 0.01     # the final validation losses, relative
 STEP_RTOL = 0.03    # every step's training loss, relative
-FORCED = {"algo": "ssgd", "log_every": 1, "eval_every": 0}   # what the comparison needs of the run
+FORCED = {"algo": registry.BASELINE, "log_every": 1, "eval_every": 0}   # what the comparison needs of the run
 
 
 def mpiexec() -> str:
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
         print(json.dumps(result))
     else:
         val = result["val_loss"]
-        print(f"{result['steps']} steps of --preset {args.preset} --algo ssgd on {args.ranks} ranks "
+        print(f"{result['steps']} steps of --preset {args.preset} --algo {registry.BASELINE} on {args.ranks} ranks "
               f"({result['run_dir']}, {result['ssdmpi_s']:.0f} s) against PyTorch in one process "
               f"({result['pytorch_s']:.0f} s)")
         print(f"  training loss: step 1 {result['first_loss'][0]:.5f} / {result['first_loss'][1]:.5f}, last "

@@ -6,6 +6,7 @@ One rank, a fake communicator whose nonblocking reductions record when they are 
 import types
 
 from ssdmpi.comm.stats import CommStats
+from ssdmpi.phases import Phases
 from ssdmpi.run.loop import Interval, LaggedSums, interval_end
 
 
@@ -36,7 +37,8 @@ def no_signals():
 
 
 def algo():
-    return types.SimpleNamespace(phases=None, stage="async", lr_global=0.1, lr_local=None)
+    return types.SimpleNamespace(phases=Phases(), stage="async", has_delay_stage=True, lr_global=0.1, lr_local=None,
+                                 interval_staleness=dict)       # nothing stale (the contract's default)
 
 
 def sync_point(lagged, comm, stop, step, settle=False, loss=1.0):

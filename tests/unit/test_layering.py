@@ -214,8 +214,9 @@ def test_the_trainer_asks_the_algorithm_only_through_its_contract():
     found = []
     for path in sorted((PACKAGE / "run").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
-                    and node.args and "algo" in ast.unparse(node.args[0]):
+            reflective = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr")
+            if reflective and node.args and "algo" in ast.unparse(node.args[0]):
                 found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
     assert found == []
     from ssdmpi.algos.asgd import ASGD

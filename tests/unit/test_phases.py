@@ -127,7 +127,6 @@ def test_bench_train_bounds_come_from_ssgds_own_c_and_T():
     = 1375/258 = 5.33x, so 0.754 of it; localsgd's (c+T)/(c+T/k); ssd step's (c+T)/max(c, T).
     ssgd's bucket allreduces overlap, so their summed time in flight (2.6 s here) exceeds its step:
     T is the rest of ssgd's step, not that sum."""
-    from ssdmpi.bench.model.alphabeta import predict_step
     from ssdmpi.bench.train import bound_note, breakdown_table, parse_variant, summarise
 
     c, T = 0.085, 1.29

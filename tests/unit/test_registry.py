@@ -101,7 +101,8 @@ def test_the_literal_finder_finds_every_form(tmp_path):
     package = write_package(tmp_path, {
         "registry.py": "def f(a):\n    return a == 'ssd'\n",                      # allowed here
         "plot.py": "def g(a):\n    return a.algo == 'ssgd' or a in ('x', 'localsgd')\n",
-        "bench.py": "VARIANTS = {'ssgd': 1}\n\ndef h(v, k):\n    return f'ssd:period:{k}' if v else 'use --algo asgd'\n",
+        "bench.py": "VARIANTS = {'ssgd': 1}\n\ndef h(v, k):\n"
+                    "    return f'ssd:period:{k}' if v else 'use --algo asgd'\n",
         "doc.py": '"""A docstring may say ssgd."""\nX = "delta-own"\n',
     })
     allowed = {n: {"registry.py"} for n in ("ssgd", "ssd", "localsgd", "delta-own", "asgd")}
