@@ -103,7 +103,7 @@ def test_W_is_evaluated_with_the_mean_statistics_and_training_continues_bitwise(
         assert any(not np.array_equal(trained[0][k], trained[1][k]) for k in mean)
     W = np.array(algo.global_weights(), copy=True)
 
-    result = Evaluator(communicator, model, algo, digits)()
+    result = Evaluator(communicator, model, algo, digits.test_x, digits.test_y)()
 
     assert (result["test_loss"], result["test_acc"]) == evaluated_with(digits, communicator, W, mean)
     if workers > 1:      # and not what rank 0's statistics give
