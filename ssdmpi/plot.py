@@ -102,6 +102,17 @@ def _warmup_legend_entry(ax) -> None:
     ax.plot([], [], color="gray", linestyle="-.", linewidth=1, label=WARMUP_END)
 
 
+def _keep(plt, fig, drawn, marked, ax) -> bool:
+    """Whether figure ``fig`` is kept: False (the figure closed) when nothing was ``drawn``; when
+    kept and a warm-up end was ``marked``, ``ax`` gets the warm-up lines' legend entry."""
+    if not drawn:
+        plt.close(fig)
+        return False
+    if marked:
+        _warmup_legend_entry(ax)
+    return True
+
+
 def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
     """Test accuracy of ``W`` (solid) and of rank 0's local model ``L`` (dashed, the same color;
     in the delay stage) on axis ``x``; a dash-dotted line where each run's warm-up ends."""
@@ -118,11 +129,8 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
                     markersize=3, linewidth=1, label=f"{label}: rank 0's L")
         marked += _mark_warmup_end(ax, run, x, line.get_color())
         drawn += 1
-    if not drawn:
-        plt.close(fig)
+    if not _keep(plt, fig, drawn, marked, ax):
         return None
-    if marked:
-        _warmup_legend_entry(ax)
     target = next((run.final_accuracy() for run in runs if run.baseline and run.final_accuracy()), None)
     if target is not None:
         ax.axhline(100 * target - 0.5, color="gray", linestyle=":", linewidth=1,
@@ -159,11 +167,8 @@ def _val_loss_figure(plt, runs, x: str, xlabel: str, title: str):
         if x != "tokens":
             marked += _mark_warmup_end(ax, run, x, line.get_color())
         drawn += 1
-    if not drawn:
-        plt.close(fig)
+    if not _keep(plt, fig, drawn, marked, ax):
         return None
-    if marked:
-        _warmup_legend_entry(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation loss (nats per token): global model W, rank 0's local model L")
     ax.set_title(title)
@@ -187,11 +192,8 @@ def _loss_figure(plt, runs, prefix=""):
         if xs:
             right.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn_right += 1
-    if not drawn_left and not drawn_right:
-        plt.close(fig)
+    if not _keep(plt, fig, drawn_left or drawn_right, marked, left):
         return None
-    if marked:
-        _warmup_legend_entry(left)
     left.set_xlabel("step")
     left.set_ylabel("training loss (mean over ranks and log interval)")
     left.set_title(prefix + "Training loss")
