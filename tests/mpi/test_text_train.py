@@ -18,15 +18,15 @@ from mpi4py import MPI
 
 import ssdmpi
 from ssdmpi.cli import main
-from ssdmpi.data import load_dataset
 from ssdmpi.errors import REQUEUE_EXIT
 from tests.checkpoints import differences, fields
 from tests.mpi.test_resume import newest_checkpoint, shared_tmpdir
+from tests.text_runs import SMALL_GPT, T, cli_args, numpy_val_loss
 
 WORLD = MPI.COMM_WORLD
-T, B, STEPS, WARMUP, K = 16, 4, 24, 8, 4
-SMALL = {"dataset": "devils-dictionary", "model": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "context": T,
-         "batch_size": B, "steps": STEPS, "seed": 3, "eval_every": 0, "log_every": 6, "progress_bar": False}
+B, STEPS, WARMUP, K = 4, 24, 8, 4
+SMALL = {**SMALL_GPT, "batch_size": B, "steps": STEPS, "seed": 3, "eval_every": 0, "log_every": 6,
+         "progress_bar": False}
 ADAMW = {"optimizer": "adamw", "lr": 0.003}
 CASES = {
     "ssgd-adamw": {"algo": "ssgd", **ADAMW},
@@ -41,18 +41,6 @@ CASES = {
 
 def digest(array) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
-def numpy_val_loss(model) -> float:
-    """The mean cross-entropy over every validation token, from the model's logits (float64 here)."""
-    vx, vy = load_dataset("devils-dictionary").val_windows(T)
-    total = 0.0
-    for i in range(0, len(vx), 256):
-        z = model.forward(vx[i:i + 256], train=False).astype(np.float64)
-        z -= z.max(axis=-1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-        total -= np.take_along_axis(logp, vy[i:i + 256, :, None], axis=-1).sum()
-    return total / vy.size
 
 
 @pytest.mark.timeout(300)
@@ -82,16 +70,6 @@ def test_a_text_run_trains_and_every_rank_agrees(case):
 
 RESUME = {"ssgd-adamw": CASES["ssgd-adamw"], "ssd-period-adamw": CASES["ssd-period-adamw"],
           "localsgd-adamw": CASES["localsgd-adamw"], "ssd-step-sgd": CASES["ssd-step-sgd"]}
-
-
-def cli_args(settings: dict) -> list:
-    out = []
-    for name, value in settings.items():
-        if name == "progress_bar":
-            out.append("--no-progress-bar")
-        else:
-            out += [f"--{name.replace('_', '-')}", str(value)]
-    return out
 
 
 @pytest.mark.timeout(300)

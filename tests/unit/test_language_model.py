@@ -17,16 +17,14 @@ import pytest
 
 import ssdmpi
 from ssdmpi import config
-from ssdmpi.data import load_dataset
 from ssdmpi.data.text import decode, encode
 from ssdmpi.errors import UserError
 from tests.conftest import assert_one_line_error, run_cli
+from tests.text_runs import SMALL_GPT, T, cli_args, numpy_val_loss
 
-T, B, STEPS = 16, 4, 30
-TINY = ["--dataset", "devils-dictionary", "--model", "gpt", "--n-layer", "2", "--n-head", "2", "--d-model", "32",
-        "--context", str(T), "--batch-size", str(B), "--steps", str(STEPS), "--optimizer", "adamw", "--lr", "0.003",
-        "--algo", "ssd", "--warmup-steps", "10", "--eval-every", "0", "--checkpoint-every", "15", "--log-every", "5",
-        "--seed", "2"]
+B, STEPS = 4, 30
+TINY = cli_args({**SMALL_GPT, "batch_size": B, "steps": STEPS, "optimizer": "adamw", "lr": 0.003, "algo": "ssd",
+                 "warmup_steps": 10, "eval_every": 0, "checkpoint_every": 15, "log_every": 5, "seed": 2})
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +39,6 @@ def lm_run(tmp_path_factory):
 def records(run_dir, kind):
     with open(run_dir / "metrics.jsonl") as f:
         return [r for r in map(json.loads, f) if r["kind"] == kind]
-
-
-def numpy_val_loss(model) -> float:
-    vx, vy = load_dataset("devils-dictionary").val_windows(T)
-    total = 0.0
-    for i in range(0, len(vx), 256):
-        z = model.forward(vx[i:i + 256], train=False).astype(np.float64)
-        z -= z.max(axis=-1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-        total -= np.take_along_axis(logp, vy[i:i + 256, :, None], axis=-1).sum()
-    return total / vy.size
 
 
 # --- ssdmpi train ------------------------------------------------------------------------------
