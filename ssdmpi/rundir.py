@@ -146,6 +146,8 @@ FIELDS = {
     "test_loss": ("test_loss", "test.loss", "eval.loss", "global.loss", "test_loss_global"),
     "local_acc": ("test_acc_local", "local_acc", "local.acc", "test.local_acc"),
     "samples_per_s": ("samples_per_s", "samples_per_sec", "samples/s", "throughput", "sps"),
+    "tokens_per_s": ("tokens_per_s",),
+    "val_loss": ("val_loss",),
     "compute_s": ("compute_s", "compute_time", "compute", "time_compute", "timing.compute_s"),
     "inflight_s": ("inflight_s", "in_flight_s", "comm_inflight_s", "in_flight", "inflight",
                    "timing.inflight_s", "timing.in_flight_s"),
@@ -322,22 +324,29 @@ class Run:
             prev = step if step is not None else prev
         return steady or self.steps
 
-    def throughput(self):
-        """Steady-state samples/s: the harmonic mean of the logged ``samples_per_s`` past the
-        warm-up. Every logged interval covers the same number of samples, so this is total
-        samples over total time (a median or plain mean would over-weight the fast intervals
-        of a ``--comm period`` run, whose waits fall into a few of them). Falls back to the
-        summary's samples/s; None if neither exists."""
-        values = [v for v in (number(get(r, "samples_per_s")) for r in self.steady_steps()) if v and v > 0]
+    def throughput(self, name: str = "samples_per_s"):
+        """Steady-state samples/s (``name``: ``tokens_per_s`` for a language model's tokens/s): the
+        harmonic mean of the logged values past the warm-up. Every logged interval covers the same
+        number of samples, so this is total samples over total time (a median or plain mean would
+        over-weight the fast intervals of a ``--comm period`` run, whose waits fall into a few of
+        them). Falls back to the summary's; None if neither exists."""
+        values = [v for v in (number(get(r, name)) for r in self.steady_steps()) if v and v > 0]
         if values:
             return len(values) / sum(1.0 / v for v in values)
-        return number(get(self.summary, "samples_per_s"))
+        return number(get(self.summary, name))
 
     def final_accuracy(self):
         """Test accuracy (fraction) of the last evaluation, or of the summary; None if there is none."""
         if self.evals:
             return as_fraction(get(self.evals[-1], "test_acc"))
         return as_fraction(get(self.summary, "test_acc"))
+
+    def final_val_loss(self):
+        """A language model's validation loss (nats per token) of the last evaluation, or of the summary;
+        None for a run without one (a classifier)."""
+        if self.evals:
+            return number(get(self.evals[-1], "val_loss"))
+        return number(get(self.summary, "val_loss"))
 
     def warmup_end(self, x: str):
         """Where the SSGD warm-up ends and the delay stage begins, on axis ``x`` (``step``,
@@ -361,6 +370,15 @@ class Run:
         for r in self.evals:
             acc, t = as_fraction(get(r, "test_acc")), number(get(r, "train_time"))
             if acc is not None and t is not None and acc >= target - 1e-12:
+                return t
+        return None
+
+    def time_to_val_loss(self, target: float):
+        """Training seconds (``train_time``) of the first evaluation with validation loss <= ``target``,
+        else None."""
+        for r in self.evals:
+            loss, t = number(get(r, "val_loss")), number(get(r, "train_time"))
+            if loss is not None and t is not None and loss <= target + 1e-12:
                 return t
         return None
 

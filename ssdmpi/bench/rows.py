@@ -19,7 +19,10 @@ Definitions (per rank, delay-stage steps only; the warm-up is SSGD for every alg
   time), and the bounds of ``ssdmpi/bench/bounds.py``;
 - target accuracy: the baseline's final test accuracy minus ``--target-drop`` (0.5 point);
   time to target: training seconds at the first evaluation reaching it; ``tta_ratio``: that
-  time over the baseline's TOTAL training seconds.
+  time over the baseline's TOTAL training seconds;
+- a language model's runs: tokens/s (the trainer's ``tokens_per_s``, as samples/s), the final
+  validation loss of W (nats per token) and its difference to the baseline's in percent of it
+  (``loss_delta_pct``); the target is the baseline's final loss plus ``--target-rise`` (1%) of it.
 
 Runs are read by ``ssdmpi/rundir.py`` (``load_run``; its ``Run`` has the per-run numbers).
 """
@@ -64,15 +67,21 @@ def run_metrics(run) -> dict:
         wall = number(get(run.evals[-1], "train_time"))
     if wall is None:
         wall = number(get(run.summary, "train_time"))
-    return {"samples_per_s": run.throughput(), **means, "staleness": _staleness(run),
-            "final_acc": run.final_accuracy(), "wall_s": wall, "run": run}
+    return {"samples_per_s": run.throughput(), "tokens_per_s": run.throughput("tokens_per_s"), **means,
+            "staleness": _staleness(run), "final_acc": run.final_accuracy(), "final_loss": run.final_val_loss(),
+            "wall_s": wall, "run": run}
 
 
-def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> list:
+MEDIANS = ("samples_per_s", "tokens_per_s", *PER_STEP, "final_acc", "final_loss", "wall_s", "staleness")
+
+
+def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005, target_rise: float = 0.01) -> list:
     """Table rows (dicts keyed like ``COLUMNS``), medians over repeats, compared with the baseline.
 
     ``runs_by_variant``: variant name -> list of ``run_metrics`` dicts (or a status string
-    such as "failed (exit 1)" when no repeat produced a readable run).
+    such as "failed (exit 1)" when no repeat produced a readable run). ``target_drop``: the target
+    accuracy's distance below the baseline's (a fraction); ``target_rise``: a language model's target
+    loss above the baseline's (a fraction of it).
     """
     rows, base = [], None
     for v in variants:
@@ -82,8 +91,7 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
             row["status"] = results if isinstance(results, str) else "not run"
             rows.append(row)
             continue
-        m = {key: median([r.get(key) for r in results]) for key in
-             ("samples_per_s", *PER_STEP, "final_acc", "wall_s", "staleness")}
+        m = {key: median([r.get(key) for r in results]) for key in MEDIANS}
         m["runs"] = [r["run"] for r in results]
         if v.k == AUTO:       # the k each repeat's run chose (--delay auto)
             row["k_chosen"] = [(r["run"].summary.get("delay_auto") or {}).get("delay") for r in results]
@@ -96,11 +104,14 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
         if v.spec.baseline and v.by_ssdmpi and base is None:
             base = m
     target = base["final_acc"] - target_drop if base and base["final_acc"] is not None else None
+    target_loss = base["final_loss"] * (1 + target_rise) if base and base["final_loss"] is not None else None
     for row in rows:
         m = row.pop("_m", None)
         if m is None:
             continue
         row["samples_per_s"] = m["samples_per_s"]
+        row["tokens_per_s"] = m["tokens_per_s"]
+        row["final_loss"] = m["final_loss"]
         row["compute_ms"] = None if m["compute_s"] is None else 1e3 * m["compute_s"]
         row["inflight_ms"] = None if m["inflight_s"] is None else 1e3 * m["inflight_s"]
         row["wait_ms"] = None if m["wait_s"] is None else 1e3 * m["wait_s"]
@@ -114,10 +125,14 @@ def summarise(variants, runs_by_variant: dict, target_drop: float = 0.005) -> li
                 row["speedup"] = m["samples_per_s"] / base["samples_per_s"]
             if base["final_acc"] is not None and m["final_acc"] is not None:
                 row["acc_delta"] = 100 * (m["final_acc"] - base["final_acc"])
-        if target is not None:
+            if base["final_loss"] and m["final_loss"] is not None:
+                row["loss_delta_pct"] = 100 * (m["final_loss"] / base["final_loss"] - 1)
+        if target_loss is not None:
+            row["tta_s"] = median([run.time_to_val_loss(target_loss) for run in m["runs"]])
+        elif target is not None:
             row["tta_s"] = median([run.time_to_accuracy(target) for run in m["runs"]])
-            if row["tta_s"] is not None and base["wall_s"]:
-                row["tta_ratio"] = row["tta_s"] / base["wall_s"]
+        if row.get("tta_s") is not None and base["wall_s"]:
+            row["tta_ratio"] = row["tta_s"] / base["wall_s"]
     add_bounds(rows, variants, base)
     return rows
 

@@ -44,7 +44,12 @@ from ssdmpi.bench.launch import (
 )
 from ssdmpi.bench.rows import run_metrics
 from ssdmpi.bench.variants import Variant
+from ssdmpi.data.names import TEXT_DATASETS
 from ssdmpi.errors import UserError
+
+# The job every run trains when neither a flag nor ``--preset`` says otherwise.
+RUN_DEFAULTS = {"dataset": "fashion-mnist", "model": "wide-mlp", "epochs": 3, "batch_size": 32, "lr": 0.05,
+                "warmup_steps": 20}
 
 
 def add_run_arguments(parser, kind: str) -> None:
@@ -59,18 +64,26 @@ def add_run_arguments(parser, kind: str) -> None:
     parser.add_argument("--ranks", type=int, default=None,
                         help="MPI ranks per run (default 2; parameter servers come on top)")
     add_node_arguments(parser)
-    parser.add_argument("--dataset", default="fashion-mnist", help="dataset of every run (default %(default)s)")
+    parser.add_argument("--preset", metavar="NAME",
+                        help="start every run from 'ssdmpi train --preset NAME' (e.g. text-gpt); the flags below "
+                             "left out take the preset's values instead of their defaults")
+    parser.add_argument("--dataset", default=None,
+                        help=f"dataset of every run (default {RUN_DEFAULTS['dataset']})")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on the first N training images only (written once to OUT/data/ as HDF5; "
-                             "the whole test split is kept), for short epochs")
-    parser.add_argument("--model", default="wide-mlp",
-                        help="model of every run (default %(default)s: 20 M parameters, communication-bound at "
-                             "1 Gbit/s)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs per run (default %(default)s)")
+                             "the whole test split is kept), for short epochs; image datasets only")
+    parser.add_argument("--model", default=None,
+                        help=f"model of every run (default {RUN_DEFAULTS['model']}: 20 M parameters, "
+                             "communication-bound at 1 Gbit/s)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"epochs per run (default {RUN_DEFAULTS['epochs']})")
     parser.add_argument("--steps", type=int, default=None, help="iterations per run (overrides --epochs)")
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank (default %(default)s)")
-    parser.add_argument("--lr", type=float, default=0.05, help="global learning rate (default %(default)s)")
-    parser.add_argument("--warmup-steps", type=int, default=20, help="SSGD warm-up iterations (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"per rank (default {RUN_DEFAULTS['batch_size']})")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"global learning rate (default {RUN_DEFAULTS['lr']})")
+    parser.add_argument("--warmup-steps", type=int, default=None,
+                        help=f"SSGD warm-up iterations (default {RUN_DEFAULTS['warmup_steps']})")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run (default %(default)s)")
     parser.add_argument("--train-args", default="", metavar="'FLAGS'",
                         help="more 'ssdmpi train' flags for every run, quoted, e.g. '--log-every 5'")
@@ -79,6 +92,9 @@ def add_run_arguments(parser, kind: str) -> None:
     parser.add_argument("--target-drop", type=float, default=0.5, metavar="POINTS",
                         help=f"target accuracy = {registry.BASELINE}'s final minus this many points "
                              "(default %(default)s)")
+    parser.add_argument("--target-rise", type=float, default=1.0, metavar="PERCENT",
+                        help=f"a language model's target validation loss = {registry.BASELINE}'s final plus this "
+                             "many percent of it (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=3600, metavar="SEC", help="per run (default %(default)s)")
     parser.add_argument("--reuse", action="store_true", help="parse existing run directories instead of re-running")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
@@ -87,6 +103,7 @@ def add_run_arguments(parser, kind: str) -> None:
 def check_run_arguments(args) -> None:
     """``UserError`` (one line) for a bad ``add_run_arguments`` flag; resolves ``args.ranks``."""
     args.ranks = node_ranks(args, 2)
+    _settle_job(args)
     if args.ranks < 1:
         raise UserError(f"--ranks must be >= 1, got {args.ranks}")
     if args.repeats < 1:
@@ -95,6 +112,11 @@ def check_run_arguments(args) -> None:
         raise UserError("--epochs and --steps must be positive")
     if args.train_subset is not None and args.train_subset < 1:
         raise UserError(f"--train-subset must be a positive number of images, got {args.train_subset}")
+    if args.train_subset is not None and args.dataset in TEXT_DATASETS:
+        raise UserError(f"--train-subset takes an image dataset, not the text dataset {args.dataset}; "
+                        "shorten a language model's runs with --steps")
+    if args.target_rise < 0:
+        raise UserError(f"--target-rise must be >= 0 percent, got {args.target_rise}")
     if args.timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {args.timeout}")
     if not args.net or (args.net != "none" and not args.net[0].isdigit()):
@@ -103,6 +125,22 @@ def check_run_arguments(args) -> None:
         shlex.split(args.train_args or "")
     except ValueError as exc:
         raise UserError(f"--train-args: {exc}") from None
+
+
+def _settle_job(args) -> None:
+    """Fill the job flags left out (None) from ``--preset``'s settings, then from ``RUN_DEFAULTS``, so that
+    ``args`` names the job every run trains (a preset's ``steps`` counts only where neither ``--steps``
+    nor ``--epochs`` is given)."""
+    preset = {}
+    if getattr(args, "preset", None):
+        from ssdmpi.config.files import load_preset
+
+        preset = load_preset(args.preset)                      # UserError for an unknown name
+    if args.steps is None and args.epochs is None and preset.get("steps") is not None:
+        args.steps = int(preset["steps"])
+    for name, default in RUN_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, preset.get(name, default))
 
 
 def check_variants(args, variants) -> None:
@@ -136,7 +174,8 @@ def settings_line(args, kind: str = "train") -> str:
 def setup_line(args) -> str:
     """What every run of a benchmark trains, and where (the tables' header)."""
     dataset = args.dataset + (f" (first {args.train_subset} training images)" if args.train_subset else "")
-    return (f"{args.model} on {dataset}, {_where(args)}, batch {args.batch_size}/rank, lr {args.lr}, "
+    preset = f"preset {args.preset}: " if getattr(args, "preset", None) else ""
+    return (f"{preset}{args.model} on {dataset}, {_where(args)}, batch {args.batch_size}/rank, lr {args.lr}, "
             f"{f'{args.steps} steps' if args.steps else f'{args.epochs} epochs'}, warm-up {args.warmup_steps}")
 
 
@@ -183,7 +222,8 @@ def launch_command(variant: Variant, run_dir: Path, args) -> list:
     """The argv of one run (see the module docstring)."""
     data = ["--dataset", args.dataset] if not args.train_subset else \
         ["--dataset", "hdf5", "--data-path", str(subset_path(args))]
-    train = [sys.executable, "-m", *variant.program, "--run-dir", str(run_dir),
+    preset = ["--preset", args.preset] if getattr(args, "preset", None) else []
+    train = [sys.executable, "-m", *variant.program, "--run-dir", str(run_dir), *preset,
              *data, "--model", args.model, "--batch-size", str(args.batch_size),
              "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--seed", str(args.seed),
              "--no-progress-bar"]

@@ -38,6 +38,22 @@ COLUMNS = (
 )
 
 
+# A language model's runs: tokens/s and validation loss in place of samples/s and test accuracy.
+LANGUAGE_MODEL_COLUMNS = {
+    "samples_per_s": ("tokens_per_s", "tokens/s"),
+    "final_acc": ("final_loss", "final val loss"),
+    "acc_delta": ("loss_delta_pct", f"val loss vs {BASE} %"),
+}
+
+
+def columns_for(rows, columns=COLUMNS) -> tuple:
+    """``columns``, with ``LANGUAGE_MODEL_COLUMNS`` swapped in when the rows are a language model's runs
+    (any row has a validation loss)."""
+    if not any(row.get("final_loss") is not None for row in rows):
+        return columns
+    return tuple(LANGUAGE_MODEL_COLUMNS.get(key, (key, header)) for key, header in columns)
+
+
 # The second table: where each variant's step goes, and how close it is to its schedule's bound.
 BREAKDOWN_COLUMNS = (
     ("name", "variant"),
@@ -79,7 +95,11 @@ def _fmt(key, value) -> str:
             return f"{value:.2f}x"
         if key in ("of_bound", "of_model", "of_period_bound", "sum_ratio", "of_overlap_bound"):
             return f"{value:.3f}"
-        if key in ("acc_delta", "acc_vs_ddp"):
+        if key == "final_loss":
+            return f"{value:.4f}"
+        if key == "tokens_per_s":
+            return f"{value:.0f}"
+        if key in ("acc_delta", "acc_vs_ddp", "loss_delta_pct"):
             return f"{value:+.2f}"
         if key in ("mb_per_step", "staleness"):
             return f"{value:.3f}"

@@ -39,7 +39,14 @@ from ssdmpi.bench.runner import (
     settings_line,
     write_figures,
 )
-from ssdmpi.bench.tables import breakdown_table, csv_table, markdown_table, result_json
+from ssdmpi.bench.tables import (
+    BREAKDOWN_COLUMNS,
+    breakdown_table,
+    columns_for,
+    csv_table,
+    markdown_table,
+    result_json,
+)
 from ssdmpi.bench.variants import default_variants, forms_text, parse_variant
 from ssdmpi.metrics import atomic_write
 from ssdmpi.parsing import parse_list
@@ -79,12 +86,14 @@ def run(args) -> int:
         return 0
     results, failures = launched
     out = Path(args.out)
-    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
-    md, text_csv = markdown_table(rows), csv_table(rows)
+    rows = summarise(variants, results, target_drop=args.target_drop / 100.0, target_rise=args.target_rise / 100.0)
+    columns = columns_for(rows)
+    md, text_csv = markdown_table(rows, columns), csv_table(rows, (columns, BREAKDOWN_COLUMNS))
     md += "\n" + breakdown_table(rows, bound_note(rows))
     atomic_write(out / "results.md", f"<!-- {settings_line(args)} -->\n" + md)
     atomic_write(out / "results.csv", text_csv)
-    atomic_write(out / "result.json", result_json(rows, settings_line(args), **earlier))
+    atomic_write(out / "result.json", result_json(rows, settings_line(args), tables=(columns, BREAKDOWN_COLUMNS),
+                                                  **earlier))
     write_figures(args, results)
     print(md, end="")
     print(f"[bench train] wrote {out / 'results.md'}, {out / 'results.csv'}, {out / 'result.json'}, "

@@ -190,6 +190,9 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     (["--net", "fast"], "--net"),
     (["--train-args", "'unclosed"], "--train-args"),
     (["--train-subset", "0"], "--train-subset"),
+    (["--dataset", "devils-dictionary", "--train-subset", "100"], "--steps"),
+    (["--preset", "no-such-preset"], "unknown preset"),
+    (["--target-rise", "-1"], "--target-rise"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, flags, message):
     result = run_cli(["bench", "train", "--out", str(tmp_path / "o"), "--dry-run", *flags])
@@ -219,3 +222,51 @@ def test_throttled_network_without_root_or_iproute2_is_a_one_line_error(tmp_path
     monkeypatch.setattr(train.shutil, "which", lambda tool: None)
     with pytest.raises(UserError, match="iproute2"):
         train.check_network("1gbit")
+
+
+def test_a_preset_sets_the_job_and_flags_given_override_it(tmp_path):
+    result = run_cli(["bench", "train", "--out", str(tmp_path / "b"), "--preset", "text-gpt", "--variants",
+                      "ssgd", "--net", "none", "--lr", "0.001", "--dry-run"])
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    # the preset's own settings (ssdmpi/presets/text-gpt.yaml), the given lr in place of its 0.003
+    assert "--preset text-gpt --dataset devils-dictionary --model gpt --batch-size 8 --lr 0.001" in line
+    assert "--warmup-steps 100" in line and "--steps 600" in line and "--epochs" not in line
+    result = run_cli(["bench", "train", "--out", str(tmp_path / "c"), "--variants", "ssgd", "--net", "none",
+                      "--dry-run"])
+    line = result.stdout.strip()   # no preset: the communication-bound defaults
+    assert "--preset" not in line and "--dataset fashion-mnist --model wide-mlp --batch-size 32 --lr 0.05" in line
+    assert "--warmup-steps 20" in line and "--epochs 3" in line
+
+
+def _language_model_run(run_dir, algo, tokens_per_s, losses, seconds, **config):
+    """A language model's run directory: delay-stage step records at ``tokens_per_s`` (context 128) and one
+    evaluation per entry of ``losses`` at the matching training second of ``seconds``."""
+    run_dir.mkdir(parents=True)
+    records = [{"kind": "start", "config": {"algo": algo, **config}}]
+    records += [{"kind": "step", "step": 10 * i, "stage": "delay" if algo != "ssgd" else "warmup",
+                 "samples_per_s": tokens_per_s / 128, "tokens_per_s": tokens_per_s, "compute_s": 0.01}
+                for i in (1, 2, 3)]
+    records += [{"kind": "eval", "step": 10 * (i + 1), "train_s": t, "val_loss": loss, "val_ppl": 2.718 ** loss}
+                for i, (loss, t) in enumerate(zip(losses, seconds))]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_language_models_table_has_tokens_per_s_and_validation_loss(tmp_path):
+    _language_model_run(tmp_path / "runs" / "ssgd", "ssgd", 1000.0, [3.0, 2.5, 2.0], [10.0, 20.0, 30.0])
+    _language_model_run(tmp_path / "runs" / "ssd-period-k5", "ssd", 3000.0, [3.1, 2.2, 2.01], [4.0, 8.0, 12.0],
+                        comm="period", delay=5)
+    result = run_cli(["bench", "train", "--out", str(tmp_path), "--variants", "ssgd,ssd:period:5", "--reuse"])
+    assert result.returncode == 0, result.stderr
+    ssgd, ssd = list(csv.DictReader(io.StringIO((tmp_path / "results.csv").read_text())))
+    assert float(ssd["tokens_per_s"]) == pytest.approx(3000.0) and float(ssd["speedup"]) == pytest.approx(3.0)
+    assert float(ssd["final_loss"]) == pytest.approx(2.01)
+    assert float(ssd["loss_delta_pct"]) == pytest.approx(0.5)        # 2.01 / 2.0 - 1
+    # the target is ssgd's final loss + 1% = 2.02: ssd reaches it at its last evaluation (12 s), ssgd at 30 s
+    assert float(ssd["tta_s"]) == pytest.approx(12.0) and float(ssd["tta_ratio"]) == pytest.approx(0.4)
+    assert "final_acc" not in ssgd and "samples_per_s" not in ssgd
+    md = (tmp_path / "results.md").read_text()
+    assert "| tokens/s |" in md and "| final val loss |" in md and "val loss vs ssgd %" in md
+    assert "| ssd-period-k5 | ssd | period | 5 | 3000 | 3.00x |" in md and "| 2.0100 | +0.50 |" in md
+    result_rows = json.loads((tmp_path / "result.json").read_text())["rows"]
+    assert result_rows[1]["final_loss"] == pytest.approx(2.01) and "final_acc" not in result_rows[1]
