@@ -6,7 +6,6 @@ reference sum itself (in float64) and compares; bitwise equality across ranks is
 gathering the result bytes.
 """
 
-import hashlib
 import time
 
 import numpy as np
@@ -14,8 +13,7 @@ import pytest
 
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.errors import UserError
-
-STRATEGIES = ("blocking", "test", "poll", "thread")
+from tests.mpi.conftest import same_bytes_everywhere
 
 
 def rank_data(rank: int, n: int, dtype=np.float32) -> np.ndarray:
@@ -25,27 +23,6 @@ def rank_data(rank: int, n: int, dtype=np.float32) -> np.ndarray:
 
 def reference_mean(size: int, n: int) -> np.ndarray:
     return np.mean([rank_data(r, n).astype(np.float64) for r in range(size)], axis=0)
-
-
-@pytest.fixture(params=STRATEGIES)
-def make_comm(request, comm):
-    """Build Communicators on the test's private communicator; free them afterwards."""
-    made = []
-
-    def make(**kwargs):
-        kwargs.setdefault("progress", request.param)
-        made.append(Communicator(comm, **kwargs))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.free()
-
-
-def same_bytes_everywhere(comm, array) -> bool:
-    """``comm``: the test's raw mpi4py communicator (tests may call MPI; the package may not)."""
-    digests = comm.allgather(hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest())
-    return len(set(digests)) == 1
 
 
 @pytest.mark.parametrize("n", [1, 1000, 100_003])

@@ -6,7 +6,6 @@ flight together with other requests.
 Every rank rebuilds every rank's input from its seed, so each computes the oracle itself.
 """
 
-import hashlib
 import time
 
 import numpy as np
@@ -14,32 +13,13 @@ import pytest
 
 from ssdmpi.comm.communicator import Communicator
 from ssdmpi.verify.quantize import Wire
+from tests.mpi.conftest import same_bytes_everywhere
 
-STRATEGIES = ("blocking", "test", "poll", "thread")
 DTYPES = ("bfloat16", "float16", "int8")
 
 
 def rank_data(rank: int, n: int, post: int = 0) -> np.ndarray:
     return np.random.default_rng(100 * post + rank).standard_normal(n).astype(np.float32) * (1 + post)
-
-
-@pytest.fixture(params=STRATEGIES)
-def make_comm(request, comm):
-    made = []
-
-    def make(**kwargs):
-        kwargs.setdefault("progress", request.param)
-        made.append(Communicator(comm, **kwargs))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.free()
-
-
-def same_everywhere(comm, array) -> bool:
-    digests = comm.allgather(hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest())
-    return len(set(digests)) == 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -59,7 +39,7 @@ def test_sums_in_sequence_match_the_reference_transport_bitwise(make_comm, comm,
         expected = oracle.mean(inputs) if average else oracle.sum(inputs)
         assert buf.dtype == np.float32 and np.array_equal(buf, expected), \
             f"post {post}: max |diff| {np.abs(buf - expected).max():.3g}"
-        assert same_everywhere(comm, buf)
+        assert same_bytes_everywhere(comm, buf)
         np.testing.assert_array_equal(stream.residual, oracle.owed[c.rank])
         np.testing.assert_array_equal(stream.shard_residual, oracle.shard_owed[c.rank])
 
@@ -145,7 +125,7 @@ def test_sums_in_flight_with_plain_allreduces_waited_out_of_order(make_comm, com
         assert np.array_equal(buf, oracle.sum([rank_data(r, n, post) for r in range(c.size)])), f"sum {post}"
     np.testing.assert_allclose(plain, np.sum([rank_data(r, n, 5) for r in range(c.size)], axis=0), rtol=1e-5,
                                atol=1e-5)
-    assert same_everywhere(comm, np.concatenate([first, second, plain]))
+    assert same_bytes_everywhere(comm, np.concatenate([first, second, plain]))
 
 
 def test_the_thread_strategy_completes_a_compressed_sum_without_the_caller(comm):
@@ -158,7 +138,7 @@ def test_the_thread_strategy_completes_a_compressed_sum_without_the_caller(comm)
             time.sleep(0.01)
         assert handle.test() and "Ialltoall+Iallgather" in str(handle)
         handle.wait()
-        assert same_everywhere(comm, buf)
+        assert same_bytes_everywhere(comm, buf)
     finally:
         c.free()
 

@@ -9,7 +9,7 @@ import pytest
 
 from ssdmpi.comm import fused_mean
 from ssdmpi.comm.communicator import Communicator
-from tests.mpi.test_comm import same_bytes_everywhere
+from tests.mpi.conftest import same_bytes_everywhere
 
 LENGTHS = [1, 3, 4, 1000, 4099, (1 << 18) + 3]
 
