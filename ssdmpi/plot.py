@@ -113,20 +113,31 @@ def _keep(plt, fig, drawn, marked, ax) -> bool:
     return True
 
 
+def _global_and_local(ax, run, label: str, x: str, key: str, local_key: str, scale=None):
+    """``run``'s evaluations of ``W`` (``key``: solid, circles) and of rank 0's ``L`` (``local_key``:
+    dashed, crosses, the same color) on axis ``x``, each value mapped by ``scale`` (default: as
+    logged); the W line, or None (nothing drawn) when the run logged no ``key``."""
+    xs, ys = run.series(run.evals, x, key)
+    if not xs:
+        return None
+    scale = scale or (lambda y: y)
+    (line,) = ax.plot(xs, [scale(y) for y in ys], marker="o", markersize=3, label=f"{label}: W")
+    lx, ly = run.series(run.evals, x, local_key)
+    if lx:
+        ax.plot(lx, [scale(y) for y in ly], color=line.get_color(), linestyle="--", marker="x", markersize=3,
+                linewidth=1, label=f"{label}: rank 0's L")
+    return line
+
+
 def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
     """Test accuracy of ``W`` (solid) and of rank 0's local model ``L`` (dashed, the same color;
     in the delay stage) on axis ``x``; a dash-dotted line where each run's warm-up ends."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = marked = 0
     for run, label in zip(runs, legend_labels(runs)):
-        xs, ys = run.series(run.evals, x, "test_acc")
-        if not xs:
+        line = _global_and_local(ax, run, label, x, "test_acc", "local_acc", lambda y: 100 * as_fraction(y))
+        if line is None:
             continue
-        (line,) = ax.plot(xs, [100 * as_fraction(y) for y in ys], marker="o", markersize=3, label=f"{label}: W")
-        lx, ly = run.series(run.evals, x, "local_acc")
-        if lx:
-            ax.plot(lx, [100 * as_fraction(y) for y in ly], color=line.get_color(), linestyle="--", marker="x",
-                    markersize=3, linewidth=1, label=f"{label}: rank 0's L")
         marked += _mark_warmup_end(ax, run, x, line.get_color())
         drawn += 1
     if not _keep(plt, fig, drawn, marked, ax):
@@ -135,17 +146,17 @@ def _accuracy_figure(plt, runs, x: str, xlabel: str, title: str):
     if target is not None:
         ax.axhline(100 * target - 0.5, color="gray", linestyle=":", linewidth=1,
                    label="target: ssgd's final - 0.5 point")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy (%): global model W, rank 0's local model L")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    _legend_beside(ax)
+    _finish(ax, xlabel, "test accuracy (%): global model W, rank 0's local model L", title)
     return fig
 
 
-def _legend_beside(ax) -> None:
-    """The legend to the right of the axes, top-aligned: it never covers a curve (the saved
-    figure grows to hold it)."""
+def _finish(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Axis labels, title, a light grid, and the legend to the right of the axes, top-aligned: it
+    never covers a curve (the saved figure grows to hold it)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
 
 
@@ -156,24 +167,15 @@ def _val_loss_figure(plt, runs, x: str, xlabel: str, title: str):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = marked = 0
     for run, label in zip(runs, legend_labels(runs)):
-        xs, ys = run.series(run.evals, x, "val_loss")
-        if not xs:
+        line = _global_and_local(ax, run, label, x, "val_loss", "val_loss_local")
+        if line is None:
             continue
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{label}: W")
-        lx, ly = run.series(run.evals, x, "val_loss_local")
-        if lx:
-            ax.plot(lx, ly, color=line.get_color(), linestyle="--", marker="x", markersize=3, linewidth=1,
-                    label=f"{label}: rank 0's L")
         if x != "tokens":
             marked += _mark_warmup_end(ax, run, x, line.get_color())
         drawn += 1
     if not _keep(plt, fig, drawn, marked, ax):
         return None
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation loss (nats per token): global model W, rank 0's local model L")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    _legend_beside(ax)
+    _finish(ax, xlabel, "validation loss (nats per token): global model W, rank 0's local model L", title)
     return fig
 
 
@@ -242,13 +244,10 @@ def _throughput_figure(plt, runs, prefix=""):
         ax.plot([k for k, _ in points], [s for _, s in points], marker="o", label=name)
     if baseline is not None:
         ax.axhline(baseline, color="black", linestyle="--", linewidth=1, label="ssgd (no delay)")
-    ax.set_xlabel("delay / period k (steps)")
-    ax.set_ylabel("training throughput (samples/s, all ranks)")
-    ax.set_title(prefix + "Throughput vs k (after the warm-up)")
     ax.set_xticks(sorted(ks))
     ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    _legend_beside(ax)
+    _finish(ax, "delay / period k (steps)", "training throughput (samples/s, all ranks)",
+            prefix + "Throughput vs k (after the warm-up)")
     return fig
 
 
