@@ -12,6 +12,7 @@ import textwrap
 
 from ssdmpi.algos import registry
 from tests.conftest import ROOT
+from tests.source import docstring_ids
 
 PACKAGE = ROOT / "ssdmpi"
 BENCH = PACKAGE / "bench"
@@ -59,15 +60,6 @@ def layering_violations(root: pathlib.Path, algorithm_modules: set) -> list:
     return sorted(set(found))
 
 
-def _docstrings(tree) -> set:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            if node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
-                out.add(id(node.body[0].value))
-    return out
-
-
 def written_names(root: pathlib.Path, names) -> list:
     """``["rel:line name", ...]``: each string of code (not a docstring; f-string pieces included) under
     ``root`` that has one of ``names`` as a word (``ssd:period:``, ``ssgd's``; not ``ssd-period-k5``)."""
@@ -75,7 +67,7 @@ def written_names(root: pathlib.Path, names) -> list:
                          + r")(?![\w-])")
     found = []
     for rel, tree in _modules(root):
-        skip = _docstrings(tree)
+        skip = docstring_ids(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
                 found += [f"{rel}:{node.lineno} {m}" for m in pattern.findall(node.value)]
@@ -86,7 +78,7 @@ def metrics_file_named(root: pathlib.Path) -> list:
     """The modules under ``root`` whose code (not a docstring) writes the file name ``metrics.jsonl``."""
     found = set()
     for rel, tree in _modules(root):
-        skip = _docstrings(tree)
+        skip = docstring_ids(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value == "metrics.jsonl" and id(node) not in skip:
                 found.add(rel.removeprefix(f"{root.name}/"))
@@ -102,7 +94,7 @@ def metrics_file_opened(root: pathlib.Path) -> list:
     A module that only names it to write it (``MetricsLog(path)``) or move it is no reader."""
     found = []
     for rel, tree in _modules(root):
-        skip = _docstrings(tree)
+        skip = docstring_ids(tree)
         named = any(isinstance(n, ast.Constant) and n.value == "metrics.jsonl" and id(n) not in skip
                     for n in ast.walk(tree))
         reads = any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) in READS

@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+from tests.source import docstring_ids
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ssdmpi"
 
@@ -153,16 +155,6 @@ def test_import_ssdmpi_loads_no_trainer_numpy_or_mpi():
 
 # -- MPI stays in the comm layer ----------------------------------------------------------------
 
-def _docstrings(tree: ast.AST) -> set:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                out.add(id(body[0].value))
-    return out
-
-
 def mpi_uses(package: pathlib.Path, allowed=MPI_ALLOWED, imported_in=MPI_IMPORTED_IN) -> list:
     """``["rel/path.py:line what", ...]``: imports of mpi4py outside ``imported_in``, code strings
     that import it (for a child process) outside it, and the name ``MPI`` in code outside
@@ -173,7 +165,7 @@ def mpi_uses(package: pathlib.Path, allowed=MPI_ALLOWED, imported_in=MPI_IMPORTE
         rel = path.relative_to(package).as_posix()
         may_name_mpi = any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in allowed)
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        docstrings = _docstrings(tree)
+        docstrings = docstring_ids(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "mpi4py" for a in node.names) \
                     or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mpi4py":

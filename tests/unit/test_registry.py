@@ -18,6 +18,7 @@ from ssdmpi.algos import registry
 from ssdmpi.cli import build_parser
 from ssdmpi.spec import load
 from tests.conftest import ROOT
+from tests.source import docstring_ids
 
 PACKAGE = ROOT / "ssdmpi"
 REGISTRY = ("algos/registry.py",)
@@ -32,16 +33,6 @@ def write_package(root: pathlib.Path, files: dict) -> pathlib.Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(source))
     return root / "pkg"
-
-
-def _docstrings(tree) -> set:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                out.add(id(body[0].value))
-    return out
 
 
 def _names_in(text: str, names, part_of_fstring: bool) -> set:
@@ -64,7 +55,7 @@ def name_literals(package: pathlib.Path, allowed: dict) -> list:
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _docstrings(tree)
+        skip = docstring_ids(tree)
         in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
@@ -122,7 +113,7 @@ def test_the_delta_merge_settings_are_written_only_in_its_file_and_its_twin():
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _docstrings(tree)
+        skip = docstring_ids(tree)
         for node in ast.walk(tree):
             text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 id(node) not in skip else node.id if isinstance(node, ast.Name) else node.attr \
