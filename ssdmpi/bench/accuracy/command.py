@@ -14,15 +14,21 @@ from ssdmpi.algos import registry
 from ssdmpi.bench import result as result_file
 from ssdmpi.bench.accuracy.configs import (
     ADDED_FIELDS,
+    DEFAULT_DATASETS,
     DEFAULT_EPOCHS,
     DEFAULT_VARIANTS,
     FIELDS,
+    GPT_SIZES,
+    LANGUAGE_MODELS,
     MODELS,
     NO_DELAY,
     VARIANTS,
+    gpt_sizes,
+    gpt_text,
     known,
     result_key,
     runs_at,
+    warmup_steps,
 )
 from ssdmpi.bench.accuracy.simulate import run_config
 from ssdmpi.bench.accuracy.tables import report_text, with_diffs
@@ -34,12 +40,17 @@ from ssdmpi.parsing import parse_list
 
 def add_arguments(parser) -> None:
     parser.add_argument("--models", default="mlp,lenet5", metavar="M1,M2",
-                        help="models (mlp = 784-256-10, lenet5; default %(default)s)")
+                        help="models (mlp = 784-256-10, lenet5; gpt, a language model of a text --dataset, "
+                             "scored by its validation loss; default %(default)s)")
+    parser.add_argument("--gpt", default=gpt_text(GPT_SIZES), metavar="NAME=INT,...",
+                        help="the gpt's sizes, those not given at the default's (default %(default)s)")
     parser.add_argument("--ranks", default="2,4", metavar="N1,N2", help="simulated workers N (default %(default)s)")
     parser.add_argument("--delays", default="2,5,10", metavar="K1,K2", help="delays/periods k (default %(default)s)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="V1,V2",
                         help=f"variants, from {', '.join(VARIANTS)} (default %(default)s)")
-    parser.add_argument("--dataset", default="fashion-mnist", help="dataset name (default %(default)s)")
+    parser.add_argument("--dataset", default=None,
+                        help="dataset name (default: " + ", ".join(f"{name} for a model of {kind} data"
+                                                                 for kind, name in DEFAULT_DATASETS.items()) + ")")
     parser.add_argument("--data-path", default=None, metavar="PATH", help="dataset directory or file")
     parser.add_argument("--lr", action=CommaList, default="0.02", metavar="LR1,LR2",
                         help="global learning rates, constant (default %(default)s)")
@@ -54,10 +65,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default %(default)s)")
     parser.add_argument("--epochs", default=DEFAULT_EPOCHS, metavar="E|M=E,...",
                         help="epochs, one number or per model (default %(default)s); fractions allowed")
-    parser.add_argument("--warmup-steps", type=int, default=200, help="SSGD iterations before the delay stage "
-                        "(default %(default)s)")
+    parser.add_argument("--warmup-steps", default="200", metavar="T|P%",
+                        help="SSGD iterations before the delay stage, or a percentage of the run's "
+                             "(default %(default)s)")
     parser.add_argument("--train-subset", type=int, default=None, metavar="N",
                         help="train on a fixed random subset of N training samples (default: all)")
+    parser.add_argument("--val-windows", type=int, default=None, metavar="N",
+                        help="a language model: score it on N of the validation windows, evenly spread (default: "
+                             "all)")
     parser.add_argument("--seed", action=CommaList, default="0", metavar="S1,S2",
                         help="model-initialisation and data-order seeds (default %(default)s)")
     parser.add_argument("--tail", type=int, default=0, metavar="E",
@@ -100,12 +115,35 @@ def _epochs(text: str, models) -> dict:
     return {m: out[m] for m in models}
 
 
+def _dataset(args, models) -> str:
+    """The dataset ``models`` train on: ``--dataset``, or the default for the kind of data they take; ``UserError``
+    when they do not all take the same kind, or the dataset holds the other one."""
+    from ssdmpi.data.datasets import dataset_kind
+
+    language = [m for m in models if m in LANGUAGE_MODELS]
+    if language and len(language) < len(models):
+        images = [m for m in models if m not in language]
+        raise UserError(f"--models: {', '.join(language)} train on text, {', '.join(images)} on images: run them in "
+                        "separate commands")
+    kind = "text" if language else "classification"
+    name = args.dataset or DEFAULT_DATASETS[kind]
+    if dataset_kind(name) != kind:
+        what = "text" if kind == "classification" else "images or feature vectors"
+        raise UserError(f"--dataset {name} holds {what}, and --models {','.join(models)} takes {kind} data: choose "
+                        f"a {kind} dataset (e.g. {DEFAULT_DATASETS[kind]})")
+    return name
+
+
 def parse(args) -> tuple[list[dict], dict]:
-    """Check ``args``; return ``(configurations, epochs per model)``. ``UserError`` on nonsense."""
+    """Check ``args``; return ``(configurations, epochs per model)``. ``UserError`` on nonsense. Sets
+    ``args.dataset`` (its default resolved) and ``args.warmup_steps`` (``configs.warmup_steps``)."""
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODELS]
     if not models or bad:
         raise UserError(f"--models: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(MODELS)}")
+    args.dataset = _dataset(args, models)
+    language = models[0] in LANGUAGE_MODELS
+    sizes = gpt_sizes(args.gpt) if language else None
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if not known(v)]
     if not variants or bad:
@@ -128,12 +166,18 @@ def parse(args) -> tuple[list[dict], dict]:
         raise UserError(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.warmup_steps < 0:
-        raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    args.warmup_steps = warmup_steps(args.warmup_steps)
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     if args.tail < 0:
         raise UserError(f"--tail must be >= 0 (0: off), got {args.tail}")
+    if language and args.train_subset is not None:
+        raise UserError("--train-subset applies to an image model; a language model trains on every window of "
+                        f"{args.dataset}: drop it")
+    if args.val_windows is not None and not language:
+        raise UserError("--val-windows applies to a language model (--models gpt): drop it")
+    if args.val_windows is not None and args.val_windows < 1:
+        raise UserError(f"--val-windows must be >= 1 (leave it out for every window), got {args.val_windows}")
     if args.train_subset is not None and args.train_subset < max(ranks) * args.batch_size:
         raise UserError(f"--train-subset {args.train_subset} is smaller than one global batch "
                         f"({max(ranks)} x {args.batch_size}); use more samples")
@@ -144,7 +188,8 @@ def parse(args) -> tuple[list[dict], dict]:
     settings = dict(dataset=args.dataset, batch_size=args.batch_size, warmup_steps=args.warmup_steps,
                     optimizer=args.optimizer, momentum="" if args.momentum is None else args.momentum,
                     weight_decay=args.weight_decay, train_subset=args.train_subset or 0,
-                    tail=args.tail)
+                    tail=args.tail, gpt=gpt_text(sizes) if language else "",
+                    val_windows=(args.val_windows or 0) if language else 0)
     configs = []
     # Model-major (the cheaper model first on the command line gets its whole table first), then
     # seed-major, variant-major inside a row, k = 5 first: an interrupted sweep has whole tables.
@@ -224,6 +269,29 @@ def _typed(value):
     return value
 
 
+def _check_data(args, configs) -> None:
+    """Load the dataset (fail early; with fork, load once for all jobs); for a language model also build its
+    model once, so that sizes its factory refuses (or a context longer than the data) fail before any run."""
+    from ssdmpi.data import load_dataset
+
+    ds = load_dataset(args.dataset, args.data_path)
+    language = [c for c in configs if c["model"] in LANGUAGE_MODELS]
+    if not language:
+        return
+    from ssdmpi.nn import build_model
+
+    sizes = gpt_sizes(language[0]["gpt"])
+    context = sizes["context"]
+    if ds.num_val_windows(context) == 0:
+        raise UserError(f"--gpt context={context}: the validation split of {args.dataset} has "
+                        f"{ds.num_val_tokens} tokens, not one window; use a shorter context")
+    ds.train_windows(context)                             # a train split shorter than one window: UserError
+    try:
+        build_model(language[0]["model"], *ds.model_inputs(context), **sizes)
+    except UserError as exc:
+        raise UserError(f"--gpt {language[0]['gpt']}: {exc}") from None
+
+
 def run(args) -> int:
     configs, epochs = parse(args)
     models = list(epochs)
@@ -248,16 +316,16 @@ def run(args) -> int:
         _write_results(args.out, report(rows, pending=len(configs)), rows)
         print(report(rows, pending=len(configs)))
         return 0
-    from ssdmpi.data import load_dataset
-    load_dataset(args.dataset, args.data_path)      # fail early (and, with fork, load once for all jobs)
+    _check_data(args, configs)
     rows = list(done)
     total = len(configs)
 
     def record(row):
         rows.append(row)
+        figure = f"{row['acc_W']:.2f}%" if row["val_loss"] == "" else f"val loss {row['val_loss']:.4f}"
         print(f"[{len(rows) - len(done)}/{total}] {row['model']} lr={row['lr']:g} N={row['N']} {row['variant']}"
               f"{'' if row['variant'] in NO_DELAY else ' k=' + str(row['k'])} seed={row['seed']}: "
-              f"{row['acc_W']:.2f}% ({row['seconds']} s)", file=sys.stderr, flush=True)
+              f"{figure} ({row['seconds']} s)", file=sys.stderr, flush=True)
         if args.out:
             _append_csv(args.out, row)
             diffs = with_diffs(rows)
