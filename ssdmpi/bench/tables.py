@@ -99,7 +99,7 @@ def _fmt(key, value) -> str:
             return f"{value:.4f}"
         if key == "tokens_per_s":
             return f"{value:.0f}"
-        if key in ("acc_delta", "acc_vs_ddp", "loss_delta_pct"):
+        if key in ("acc_delta", "acc_vs_ddp", "loss_delta_pct", "loss_vs_ddp"):
             return f"{value:+.2f}"
         if key in ("mb_per_step", "staleness"):
             return f"{value:.3f}"
