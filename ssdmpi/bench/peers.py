@@ -60,9 +60,17 @@ from ssdmpi.bench.runner import (
     settings_line,
     write_figures,
 )
-from ssdmpi.bench.tables import BREAKDOWN_COLUMNS, breakdown_table, csv_table, markdown_table, result_json
+from ssdmpi.bench.tables import (
+    BREAKDOWN_COLUMNS,
+    breakdown_table,
+    columns_for,
+    csv_table,
+    markdown_table,
+    result_json,
+)
 from ssdmpi.bench.torch_peer import PEERS
 from ssdmpi.bench.variants import Variant, forms, parse_variant
+from ssdmpi.data.names import TEXT_DATASETS
 from ssdmpi.errors import UserError
 from ssdmpi.metrics import atomic_write
 
@@ -111,7 +119,26 @@ OVERLAP_COLUMNS = (
     ("overlap_bound_ms", "bound ms"),
     ("of_overlap_bound", "bound / step"),
 )
-TABLES = (PEER_COLUMNS, BREAKDOWN_COLUMNS, OVERLAP_COLUMNS)   # every row's keys in results.csv and result.json
+# A language model's runs: the first table's DDP columns in tokens/s and validation loss (the others as
+# ``tables.columns_for`` swaps them for bench train).
+LANGUAGE_PEER_COLUMNS = {
+    "x_ddp": ("x_ddp", "tokens/s / DDP's"),
+    "acc_vs_ddp": ("loss_vs_ddp", "val loss vs DDP %"),
+}
+
+
+def peer_columns(rows) -> tuple:
+    """The first table's columns for ``rows``: ``PEER_COLUMNS``, or for a language model's runs
+    (``columns_for`` swaps its columns in) with ``LANGUAGE_PEER_COLUMNS`` too."""
+    columns = columns_for(rows, PEER_COLUMNS)
+    if columns == PEER_COLUMNS:
+        return columns
+    return tuple(LANGUAGE_PEER_COLUMNS.get(key, (key, header)) for key, header in columns)
+
+
+def tables_of(rows) -> tuple:
+    """Every row's keys in results.csv and result.json: the three tables' columns."""
+    return (peer_columns(rows), BREAKDOWN_COLUMNS, OVERLAP_COLUMNS)
 
 
 def parse_peer_variant(spec: str) -> Variant:
@@ -195,18 +222,22 @@ def check_torch(args, variants) -> None:
 # ----------------------------------------------------------------------------- against DDP
 
 def compare_to_ddp(rows, variants) -> None:
-    """Add each row's ratios to DDP's (the first ddp variant): ``x_ddp`` (samples/s), ``acc_vs_ddp``
-    (points), ``tta_x_ddp`` (time to target)."""
+    """Add each row's ratios to DDP's (the first ddp variant): ``x_ddp`` (samples/s; a language model's:
+    tokens/s), ``acc_vs_ddp`` (points of test accuracy) or, for a language model, ``loss_vs_ddp`` (the
+    final validation loss's difference in percent of DDP's), ``tta_x_ddp`` (time to target)."""
     peer_of = {v.name: v for v in variants}
     ddp = next((r for r in rows if r["name"] in peer_of and peer_of[r["name"]].program[-1] == BASE_PEER
                 and r.get("samples_per_s")), None)
     if ddp is None:
         return
+    speed = "tokens_per_s" if ddp.get("tokens_per_s") else "samples_per_s"
     for row in rows:
-        if row.get("samples_per_s") is not None:
-            row["x_ddp"] = row["samples_per_s"] / ddp["samples_per_s"]
+        if row.get(speed) is not None:
+            row["x_ddp"] = row[speed] / ddp[speed]
         if row.get("final_acc") is not None and ddp.get("final_acc") is not None:
             row["acc_vs_ddp"] = row["final_acc"] - ddp["final_acc"]
+        if row.get("final_loss") is not None and ddp.get("final_loss"):
+            row["loss_vs_ddp"] = 100 * (row["final_loss"] / ddp["final_loss"] - 1)
         if row.get("tta_s") is not None and ddp.get("tta_s"):
             row["tta_x_ddp"] = row["tta_s"] / ddp["tta_s"]
 
@@ -264,18 +295,19 @@ def run(args) -> int:
         return 0
     results, failures = launched
     out = Path(args.out)
-    probe = compute_probe(args, args.probe_repeats)
-    rows = summarise(variants, results, target_drop=args.target_drop / 100.0)
+    probe = None if args.dataset in TEXT_DATASETS else compute_probe(args, args.probe_repeats)
+    rows = summarise(variants, results, target_drop=args.target_drop / 100.0, target_rise=args.target_rise / 100.0)
     compare_to_ddp(rows, variants)
     overlap = add_overlap_bounds(rows, variants, probe)
-    md = markdown_table(rows, PEER_COLUMNS) + "\n" + breakdown_table(rows)
+    tables = tables_of(rows)
+    md = markdown_table(rows, tables[0]) + "\n" + breakdown_table(rows)
     if overlap:
         md += "\n" + markdown_table(overlap, OVERLAP_COLUMNS)
     settings = settings_line(args, "peers")
     notes = "\n".join(n for n in (probe_line(probe), f"Command: `{command_line()}`") if n)
     atomic_write(out / "results.md", f"<!-- {settings} -->\n" + md + "\n" + notes + "\n")
-    atomic_write(out / "results.csv", csv_table(rows, TABLES))
-    atomic_write(out / "result.json", result_json(rows, settings, "peers", TABLES, compute_probe=probe,
+    atomic_write(out / "results.csv", csv_table(rows, tables))
+    atomic_write(out / "result.json", result_json(rows, settings, "peers", tables, compute_probe=probe,
                                                   target_drop_points=args.target_drop))
     write_figures(args, results)
     print(md + notes)

@@ -1,20 +1,25 @@
 """What the PyTorch peers of ``ssdmpi bench peers`` (``ssdmpi/bench/torch_peer.py``) are built from:
 the gloo process group of the MPI ranks (``rendezvous``), ssdmpi's global update as a
-``torch.optim.Optimizer`` (``spec_sgd``, also the compute probe's: ``ssdmpi/bench/probe.py``), and the
-evaluation of the engine's model on a whole split (``evaluate_split``). PyTorch is imported only
-inside the functions that need it.
+``torch.optim.Optimizer`` (``spec_sgd``, also the compute probe's: ``ssdmpi/bench/probe.py``; AdamW,
+clipping and the token loss are ``ssdmpi/verify/torch_optim.py``'s, shared with the recipe check), and
+the evaluation of the engine's model on a whole split (``evaluate_split``: a test split, or a language
+model's validation windows). PyTorch is imported only inside the functions that need it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import socket
 import struct
 
 from ssdmpi.comm import world
+from ssdmpi.errors import UserError
+from ssdmpi.verify.torch_optim import decay_groups, same_name
 
 EVAL_BATCH = 1000     # samples per forward pass in evaluation (memory, not semantics)
+EVAL_TOKENS = 8192    # a language model's: tokens per forward pass in evaluation (64 windows of 128)
 
 
 def interface_address(name: str) -> str:
@@ -81,26 +86,53 @@ def spec_sgd_class():
     return SpecSGD
 
 
-def spec_sgd(module, engine, momentum: float, weight_decay: float):
-    """A ``SpecSGD`` over ``module``'s parameters (the twin of ``engine``): weight decay on the
-    tensors the engine decays (``ParamSpec.decay``), none on the others."""
-    decayed = {spec.name for spec in engine.flat.specs if spec.decay}
-    named = list(module.named_parameters())
-    groups = [{"params": [p for n, p in named if n in decayed], "weight_decay": weight_decay},
-              {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
-    return spec_sgd_class()([g for g in groups if g["params"]], momentum)
+def spec_sgd(module, engine, momentum: float, weight_decay: float, name=same_name):
+    """A ``SpecSGD`` over ``module``'s parameters (the twin of ``engine``; ``name``: the twin's name of an
+    engine tensor): weight decay on the tensors the engine decays, none on the others (``decay_groups``)."""
+    return spec_sgd_class()(decay_groups(module, engine, weight_decay, name), momentum)
 
 
-def evaluate_split(model, x, y, batch_size: int = EVAL_BATCH) -> tuple[float, float]:
-    """``(mean loss, accuracy)`` of the engine's ``model`` on the whole split ``(x, y)`` (host arrays), in
-    inference mode, batch by batch through the model's own ``evaluate``. Serial; blocking."""
+def torch_optimizer(module, engine, algo, name=same_name):
+    """The PyTorch optimizer of ``module`` (the twin of ``engine``; ``name`` as ``decay_groups`` takes it) that
+    takes the steps ``algo`` (the run's ``AlgoConfig``) gives its inner optimizer: ``SpecSGD`` for
+    momentum SGD, ``torch.optim.AdamW`` for AdamW (its clipping is the caller's: ``torch_optim.clip`` at
+    ``algo.grad_clip``); ``UserError`` for another. The learning rate is set on its groups before each step."""
+    from ssdmpi.optim.optimizers import adamw as adamw_spec
+    from ssdmpi.optim.optimizers import sgd as sgd_spec
+    from ssdmpi.verify.torch_optim import adamw
+
+    if algo.optimizer == sgd_spec.SPEC.name:
+        return spec_sgd(module, engine, algo.momentum, algo.weight_decay, name)
+    if algo.optimizer == adamw_spec.SPEC.name:
+        return adamw(module, engine, algo.lr, algo.beta1, algo.beta2, algo.eps, algo.weight_decay, name)
+    raise UserError(f"the PyTorch peers have no twin of --optimizer {algo.optimizer}; use "
+                    f"{sgd_spec.SPEC.name} or {adamw_spec.SPEC.name}")
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a loss in nats per token (inf past the largest float)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+def evaluate_split(model, x, y, batch_size: int | None = None) -> tuple[float, float]:
+    """``(mean loss, accuracy)`` per target of the engine's ``model`` on the whole split ``(x, y)`` (host
+    arrays; a language model's: its windows of token ids, one target per token), in inference mode,
+    batch by batch (``batch_size`` samples; None: ``EVAL_BATCH``, a language model's ``EVAL_TOKENS``
+    worth of windows) through the model's own ``evaluate``. Serial; blocking."""
     import numpy as np
 
-    loss_sum, correct = 0.0, 0
+    tokens = model.input_kind == "tokens"
+    batch_size = batch_size or (max(1, EVAL_TOKENS // model.targets_per_sample) if tokens else EVAL_BATCH)
+    dtype = None if tokens else model.dtype          # token ids stay integers
+    loss_sum, correct, n = 0.0, 0, 0
     for start in range(0, len(x), batch_size):
-        xb = np.ascontiguousarray(x[start:start + batch_size], dtype=model.dtype)
-        batch_loss, batch_correct = model.evaluate(xb, np.ascontiguousarray(y[start:start + batch_size]))
+        xb = np.ascontiguousarray(x[start:start + batch_size], dtype=dtype)
+        yb = np.ascontiguousarray(y[start:start + batch_size])
+        batch_loss, batch_correct = model.evaluate(xb, yb)
         loss_sum += float(batch_loss)
         correct += int(batch_correct)
-    n = len(x)
+        n += int(yb.size)
     return (loss_sum / n, correct / n) if n else (float("nan"), float("nan"))

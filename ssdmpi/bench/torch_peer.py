@@ -6,18 +6,27 @@ Launched by ``ssdmpi bench peers`` exactly where an ``ssdmpi train`` run goes (t
 namespace, the namespaced cluster, plain mpiexec). It takes ``ssdmpi train``'s flags and
 resolves them with ssdmpi's own configuration code, so that, flag for flag, it trains:
 
-- the same model: the engine's model built from ``--model`` and ``--seed``, its initial
-  weights copied into the PyTorch twin (``ssdmpi/verify/torch_ref.py``);
+- the same model: the engine's model built from ``--model``, its sizes and ``--seed``, its initial
+  weights copied into the PyTorch twin (``ssdmpi/verify/torch_ref.py``; a language model's, ``--model
+  gpt`` on a text dataset: the nanoGPT twin of ``ssdmpi/verify/torch_gpt.py`` with PyTorch's fused
+  attention);
 - on the same data in the same order: ssdmpi's ``ShardedLoader`` with the same rank, world
-  size and seed gives every rank the samples its ``ssdmpi train`` rank gets, step by step;
-- with the same update: ALGORITHM.md section 3 (``ssdmpi/optim/optimizers/sgd.py``), ``M <- mu*M -
-  eta(t)*(lam*mask*W + G); W <- W + M``, weight decay on the engine's decayed tensors only,
-  ``eta`` from the resolved learning-rate schedule at every step (``SpecSGD``: in as many
-  passes over the weights as ``torch.optim.SGD`` makes, so it costs what users' DDP costs;
-  ssdmpi's own update is one fused pass, ``ssdmpi/optim/fused.py``);
+  size and seed gives every rank the samples its ``ssdmpi train`` rank gets, step by step (a text
+  dataset's: its windows of ``--context`` tokens, ``TextDataset.loader``; the loss is the mean over
+  the batch's tokens);
+- with the same update, weight decay on the engine's decayed tensors only, the learning rate from
+  the resolved schedule (its linear warm-up included) at every step. ``--optimizer sgd``:
+  ALGORITHM.md section 3 (``ssdmpi/optim/optimizers/sgd.py``), ``M <- mu*M - eta(t)*(lam*mask*W +
+  G); W <- W + M`` (``SpecSGD``: in as many passes over the weights as ``torch.optim.SGD`` makes, so
+  it costs what users' DDP costs; ssdmpi's own update is one fused pass, ``ssdmpi/optim/fused.py``).
+  ``--optimizer adamw``: ``torch.optim.AdamW`` with ``--beta1``, ``--beta2``, ``--eps``,
+  ``--weight-decay``, the gradient clipped by ``torch.nn.utils.clip_grad_norm_`` at ``--grad-clip``
+  (``ssdmpi/verify/torch_optim.py``);
 - with the same threads per rank (``ssdmpi/comm/node.py``) and the same evaluation (the
-  global model on the whole test split, through the engine model's own ``evaluate``, after copying
-  the weights back into it; on rank 0, outside the training time: ``evaluate_split``);
+  global model on the whole test split, a language model's on all validation windows, through the
+  engine model's own ``evaluate``, after copying the weights back into it; on rank 0, outside the
+  training time: ``evaluate_split``), recorded under the names ``ssdmpi train`` uses (``test_acc``,
+  ``test_loss``; ``val_loss`` in nats per token, ``val_ppl``, ``val_acc``);
 
 and writes ``metrics.jsonl``, ``summary.json`` and ``config.json`` in the run directory as
 ``ssdmpi train`` does (``ssdmpi/metrics.py``), so ``ssdmpi plot`` and the benchmark read both alike
@@ -43,8 +52,10 @@ on the namespaced cluster), else the loopback (one namespace, or no namespace: g
 shared-memory transport, so there it crosses loopback TCP while MPI uses shared memory).
 
 Step records: ``fb_s`` is forward + backward (DDP's exposed allreduce wait is inside it,
-at the end of the backward pass); ``update_s`` the optimizer; ``blocked_s`` post-local SGD's
-blocking model averaging; ``bytes_sent`` the payload handed to the collectives per step.
+at the end of the backward pass); ``update_s`` the optimizer (and the clipping); ``blocked_s``
+post-local SGD's blocking model averaging; ``bytes_sent`` the payload handed to the collectives per
+step; ``lr`` the learning rate the next step takes (as ``ssdmpi train`` records it); a language
+model's add ``tokens_per_s`` (``samples_per_s`` x the context).
 PyTorch is a benchmark peer only: without it this prints one line saying what to install
 and exits 2.
 """
@@ -59,7 +70,7 @@ import time
 
 from ssdmpi import rundir
 from ssdmpi.algos import registry
-from ssdmpi.bench.torch_parts import evaluate_split, rendezvous, spec_sgd
+from ssdmpi.bench.torch_parts import evaluate_split, perplexity, rendezvous, torch_optimizer
 from ssdmpi.comm import world
 from ssdmpi.errors import UserError
 
@@ -110,8 +121,11 @@ class Peer:
         from torch.nn.parallel import DistributedDataParallel
 
         from ssdmpi.comm import node
+        from ssdmpi.config.settings import model_options
         from ssdmpi.data import ShardedLoader, load_dataset
         from ssdmpi.nn import build_model
+        from ssdmpi.nn.transformer import nanogpt_name
+        from ssdmpi.verify.torch_optim import same_name
         from ssdmpi.verify.torch_ref import build_torch_model
 
         args = self.args
@@ -128,12 +142,21 @@ class Peer:
             torch.set_num_threads(self.placement.threads)
         self.rank, self.size = rendezvous()
         self.dist = dist
-        self.dataset = load_dataset(cfg.dataset, cfg.data_path)
-        options = {"widths": tuple(cfg.widths)} if cfg.widths else {}
-        self.engine = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes,
-                                  dtype=np.dtype(cfg.dtype), seed=cfg.seed, **options)
-        self.loader = ShardedLoader(self.dataset.train_x, self.dataset.train_y, cfg.batch_size, self.rank,
-                                    self.size, seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment)
+        self.dataset = data = load_dataset(cfg.dataset, cfg.data_path)
+        self.context = cfg.context if data.kind == "text" else None      # a language model's windows
+        inputs = data.model_inputs(cfg.context) if self.context else (data.input_shape, data.num_classes)
+        self.engine = build_model(cfg.model, *inputs, dtype=np.dtype(cfg.dtype), seed=cfg.seed, **model_options(cfg))
+        if (self.engine.input_kind == "tokens") != bool(self.context):
+            raise UserError(f"--model {cfg.model} does not take what dataset {data.name} holds (token windows for "
+                            "a language model, images or feature vectors otherwise); ssdmpi train refuses it too")
+        if self.context:
+            self.loader = data.loader(cfg.context, cfg.batch_size, self.rank, self.size, seed=cfg.seed)
+            self.split = data.val_windows(cfg.context)
+        else:
+            self.loader = ShardedLoader(data.train_x, data.train_y, cfg.batch_size, self.rank, self.size,
+                                        seed=cfg.seed, augment=None if cfg.augment == "none" else cfg.augment)
+            self.split = (data.test_x, data.test_y)
+        self.name = nanogpt_name if self.context else same_name    # the twin's name of an engine tensor
         self.E = self.loader.steps_per_epoch
         self.total_steps = cfg.total_steps(self.E)
         self.algo = algorithm_settings(cfg, self.E, self.total_steps, self.size)
@@ -142,7 +165,8 @@ class Peer:
         bucket_mb = cfg.bucket_size / 2**20 if cfg.bucket_size else DDP_DEFAULT_BUCKET_MB
         self.bucket_mb = bucket_mb
         self.ddp = DistributedDataParallel(twin, bucket_cap_mb=bucket_mb)
-        self.opt = spec_sgd(self.ddp.module, self.engine, self.algo.momentum, self.algo.weight_decay)
+        self.opt = torch_optimizer(self.ddp.module, self.engine, self.algo, self.name)
+        self.grad_clip = self.algo.grad_clip
         self.nbytes = sum(p.numel() * p.element_size() for p in self.ddp.module.parameters())
         self.averaged_s = 0.0
         self.T_w, self.k = 0, None
@@ -227,13 +251,17 @@ class Peer:
         import torch
         import torch.nn.functional as F
 
+        from ssdmpi.verify.torch_optim import clip, token_loss
+
         t0 = time.perf_counter()
         xb, yb = self.loader.next_batch()
-        x, y = torch.from_numpy(xb.astype(self.engine.dtype, copy=False)), torch.from_numpy(yb)
+        x = torch.from_numpy(xb if self.context else xb.astype(self.engine.dtype, copy=False))
+        y = torch.from_numpy(yb)
         t1 = time.perf_counter()
-        loss = F.cross_entropy(self.ddp(x), y)
+        loss = (token_loss if self.context else F.cross_entropy)(self.ddp(x), y)
         loss.backward()
         t2 = time.perf_counter()
+        clip(self.ddp.module, self.grad_clip)
         for group in self.opt.param_groups:
             group["lr"] = self.schedule(t)
         before = self.averaged_s
@@ -256,7 +284,7 @@ class Peer:
         params = dict(zip([n for n, _ in self.ddp.module.named_parameters()], tensors))
         out = np.empty(self.engine.num_params, dtype=self.engine.dtype)
         for spec in self.engine.flat.specs:
-            out[spec.offset:spec.offset + spec.size] = params[spec.name].detach().numpy().reshape(-1)
+            out[spec.offset:spec.offset + spec.size] = params[self.name(spec.name)].detach().numpy().reshape(-1)
         return out
 
     def _reduce(self, interval: dict) -> dict:
@@ -285,10 +313,11 @@ class Peer:
                  "wait_s": sums["blocked"] / n, "progress_s": 0.0, "sync_s": sums["sync"] / n}
         stage = "delay" if self.peer == "postlocal" and step > self.T_w else "warmup" if self.peer == "postlocal" \
             else self.peer
+        sps = per_rank * self.cfg.batch_size * self.size / wall if wall > 0 else None
+        tokens = {"tokens_per_s": sps * self.context if sps is not None else None} if self.context else {}
         return {"kind": "step", "step": step, "epoch": step / self.E, "stage": stage,
                 "time": time.perf_counter() - self._t_start, "train_s": train_s,
-                "loss": sums["loss"] / n, "lr": self.schedule(step - 1),
-                "samples_per_s": per_rank * self.cfg.batch_size * self.size / wall if wall > 0 else None,
+                "loss": sums["loss"] / n, "lr": self.schedule(step), "samples_per_s": sps, **tokens,
                 "step_s": step_s, "compute_s": step_s - means["wait_s"], "wait_s": means["wait_s"],
                 "bytes_sent": self._bytes_per_step(step), **breakdown(step_s, means)}
 
@@ -307,21 +336,33 @@ class Peer:
         return [p.detach() for p in self.ddp.module.parameters()]
 
     def _evaluate(self, log, step: int, train_s: float) -> dict:
-        """Rank 0: the global model on the whole test split (``evaluate_split``); the others wait."""
+        """Rank 0: the global model on the whole test split or all validation windows
+        (``evaluate_split``); the others wait."""
         result = {}
         if self.rank == 0:
+            t0 = time.perf_counter()
             self.engine.params[...] = self.global_weights()
             state = self.ddp.module.state_dict()
             for key, value in self.engine.buffers().items():
                 if key in state:
                     value[...] = state[key].numpy()
-            loss, acc = evaluate_split(self.engine, self.dataset.test_x, self.dataset.test_y)
-            result = {"test_acc": acc, "test_loss": loss}
+            loss, acc = evaluate_split(self.engine, *self.split)
+            if self.context:
+                result = {"val_loss": loss, "val_ppl": perplexity(loss), "val_acc": acc}
+                text, seen = f"val loss {loss:.4f}  ppl {result['val_ppl']:.2f}", {"tokens": self._tokens(step)}
+            else:
+                result = {"test_acc": acc, "test_loss": loss}
+                text, seen = f"test acc {acc:.2%}  loss {loss:.4f}", {}
             log.write({"kind": "eval", "step": step, "epoch": step / self.E,
-                       "time": time.perf_counter() - self._t_start, "train_s": train_s, **result})
-            print(f"eval  step {step}  epoch {step / self.E:.2f}  test acc {acc:.2%}  loss {loss:.4f}", flush=True)
+                       "time": time.perf_counter() - self._t_start, "train_s": train_s, **seen,
+                       "eval_s": time.perf_counter() - t0, **result})
+            print(f"eval  step {step}  epoch {step / self.E:.2f}  {text}", flush=True)
         self.dist.barrier()
         return result
+
+    def _tokens(self, step: int) -> int:
+        """A language model's training tokens after ``step`` steps: step x global batch x context."""
+        return int(step) * self.cfg.batch_size * self.size * int(self.context)
 
     # -- the run directory -----------------------------------------------------------------
     def _open_run_dir(self):
@@ -336,36 +377,46 @@ class Peer:
             json.dump(self._settings(), f, indent=2)
         log = MetricsLog(rundir.metrics_path(run_dir))
         log.write({"kind": "start", "world_size": self.size, "peer": self.peer, "config": self._settings(),
-                   "placement": self.placement.describe()})
+                   "steps_per_epoch": self.E, "total_steps": self.total_steps, "placement": self.placement.describe()})
         return log
 
     def _settings(self) -> dict:
         import torch
 
+        from ssdmpi.config.settings import model_options
+
         cfg = self.cfg
+        optimizer = registry.own_settings(registry.OPTIMIZERS[cfg.optimizer].settings, self.algo)
         return {"algo": "ddp" if self.peer == "ddp" else "post-local-sgd", "peer": self.peer,
                 "delay": self.k, "warmup_steps": self.T_w if self.peer == "postlocal" else None,
-                "model": cfg.model, "dataset": cfg.dataset, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                "lr_schedule": cfg.lr_schedule, "momentum": self.algo.momentum,
-                "weight_decay": self.algo.weight_decay, "seed": cfg.seed, "bucket_cap_mb": self.bucket_mb,
+                "model": cfg.model, **model_options(cfg), "dataset": cfg.dataset,
+                **({"context": self.context} if self.context else {}), "batch_size": cfg.batch_size, "lr": cfg.lr,
+                "lr_schedule": cfg.lr_schedule, "lr_warmup_steps": self.algo.lr_warmup_steps,
+                "optimizer": cfg.optimizer, **optimizer, "seed": cfg.seed, "bucket_cap_mb": self.bucket_mb,
                 "backend": "gloo", "torch": torch.__version__, "threads": torch.get_num_threads()}
 
     def _write_summary(self, train_s: float, last_eval: dict) -> None:
         """Rank 0: ``summary.json`` (the keys ``ssdmpi train`` writes that apply) and one line."""
         settings = self._settings()
         sps = self.total_steps * self.cfg.batch_size * self.size / train_s if train_s else 0.0
+        tokens = {"tokens_per_s": sps * self.context, "tokens": self._tokens(self.total_steps)} if self.context else {}
         summary = {"status": "done", "algo": settings["algo"], "world_size": self.size, "model": self.cfg.model,
                    "num_params": int(self.engine.num_params), "dataset": self.dataset.name,
                    "step": self.total_steps, "epoch": self.total_steps / self.E,
                    "time": time.perf_counter() - self._t_start, "train_time": train_s, "samples_per_s": sps,
-                   **last_eval, "run_dir": self.cfg.run_dir, "placement": self.placement.describe(),
+                   **tokens, **last_eval, "run_dir": self.cfg.run_dir, "placement": self.placement.describe(),
                    "config": settings}
         path = os.path.join(self.cfg.run_dir, rundir.SUMMARY)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         os.replace(path + ".tmp", path)
-        print(f"{settings['algo']} on {self.size} ranks: {self.total_steps} steps, {sps:.0f} samples/s, "
-              f"test accuracy {last_eval.get('test_acc', float('nan')):.2%}; {path}", flush=True)
+        if self.context:
+            speed = f"{summary['tokens_per_s']:.0f} tokens/s"
+            score = f"validation loss {last_eval.get('val_loss', float('nan')):.4f}"
+        else:
+            speed, score = f"{sps:.0f} samples/s", f"test accuracy {last_eval.get('test_acc', float('nan')):.2%}"
+        print(f"{settings['algo']} on {self.size} ranks: {self.total_steps} steps, {speed}, {score}; {path}",
+              flush=True)
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,8 @@ rest the preset's) and then, in this process, PyTorch on the same recipe:
   over the batch's tokens;
 - the optimizer: ``torch.optim.AdamW`` (its own update, not ssdmpi's) with two parameter groups,
   the tensors ssdmpi decays (the Linear weights) at ``--weight-decay`` and the rest at 0, ``--beta1``,
-  ``--beta2``, ``--eps``; ``torch.nn.utils.clip_grad_norm_`` at ``--grad-clip`` (when > 0);
+  ``--beta2``, ``--eps``; ``torch.nn.utils.clip_grad_norm_`` at ``--grad-clip`` (when > 0): the parts
+  of ``ssdmpi/verify/torch_optim.py``, which the benchmark's PyTorch peers train with too;
 - the learning rate of step ``s`` (0-based), as ``ssdmpi train --help`` states it: a linear warm-up
   of ``w = round(lr_warmup_epochs x steps per epoch)`` steps, ``lr (s + 1) / w``, then the schedule
   (``constant``, or ``cosine``: ``lr (1 + cos(pi p)) / 2``, ``p = (s - w) / (total - w)``).
@@ -107,6 +108,7 @@ def torch_run(cfg: dict, workers: int, threads: int | None = None) -> dict:
     from ssdmpi.nn import build_model
     from ssdmpi.nn.transformer import nanogpt_name
     from ssdmpi.verify.torch_gpt import build_torch_gpt
+    from ssdmpi.verify.torch_optim import adamw, clip, token_loss
 
     if float(cfg.get("dropout") or 0.0) > 0:
         raise ValueError("the check needs a run without dropout (the two draw different masks)")
@@ -118,28 +120,20 @@ def torch_run(cfg: dict, workers: int, threads: int | None = None) -> dict:
     sizes = {k: cfg[k] for k in ("n_layer", "n_head", "d_model") if cfg.get(k) is not None}
     start = build_model(cfg["model"], (T,), data.vocab_size, seed=int(cfg["seed"]), **sizes)
     twin = build_torch_gpt(start)
-    decays = {nanogpt_name(spec.name): spec.decay for spec in start.flat.specs}
-    named = dict(twin.named_parameters())
-    groups = [{"params": [p for n, p in named.items() if decays[n]], "weight_decay": float(cfg["weight_decay"])},
-              {"params": [p for n, p in named.items() if not decays[n]], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=float(cfg["lr"]), betas=(float(cfg["beta1"]), float(cfg["beta2"])),
-                            eps=float(cfg["eps"]), foreach=False)
+    opt = adamw(twin, start, cfg["lr"], cfg["beta1"], cfg["beta2"], cfg["eps"], cfg["weight_decay"], nanogpt_name)
     loader = data.loader(T, int(cfg["batch_size"]) * workers, 0, 1, seed=int(cfg["seed"]))
     E = loader.steps_per_epoch
     total = int(cfg["steps"]) if cfg.get("steps") else int(cfg["epochs"]) * E
-    clip = float(cfg.get("grad_clip") or 0.0)
     losses = {}
     twin.train()
     for s in range(total):
         x, y = (torch.from_numpy(a) for a in loader.next_batch())
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, s, total, E)
-        logits = twin(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss = token_loss(twin(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(twin.parameters(), clip)
+        clip(twin, cfg.get("grad_clip"))
         opt.step()
         losses[s + 1] = loss.detach().item()
     vx, vy = data.val_windows(T)
