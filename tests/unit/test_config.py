@@ -264,7 +264,7 @@ def test_the_help_of_a_preset_setting_names_the_presets_that_set_it():
 
 def test_the_choices_in_the_help_are_the_registered_ones():
     assert "training algorithm: ssgd | ssd | asgd | localsgd | odsgd (default: ssd;" in _help_of("--algo")
-    assert "delta-own | replay" in _help_of("--period-rule")
+    assert "delta-own | eager | replay" in _help_of("--period-rule")
     assert "global-momentum | glu-paper | sgd" in _help_of("--local-update")
     assert "inner optimizer of every step: sgd | adamw (default: sgd; set by preset text-gpt)" \
         in _help_of("--optimizer")
