@@ -2,12 +2,14 @@
 post-local SGD, in one run.
 
 Every variant is a whole training run launched, interleaved and parsed by ``bench train``'s
-machinery (``ssdmpi/bench/train.py``: the same flags, network, ``--nodes``, ``--repeats``,
-``--reuse``, output layout), so all of them train the same model from the same initial
-weights on the same samples in the same order, with the same global batch, learning-rate
-schedule, momentum, weight decay (weights only) and seed. The PyTorch peers are
-``ssdmpi/bench/torch_peer.py`` (one rank program that takes ``ssdmpi train``'s flags), run
-where an ``ssdmpi train`` run would be. ``--variants`` (default ``DEFAULT_VARIANTS``):
+machinery (``ssdmpi/bench/train.py``: the same flags, ``--preset``, network, ``--nodes``,
+``--repeats``, ``--reuse``, output layout), so all of them train the same model from the same
+initial weights on the same samples in the same order, with the same global batch, learning-rate
+schedule, optimizer (momentum SGD, or AdamW with its gradient clipping), weight decay (on the
+tensors the engine decays) and seed. The PyTorch peers are ``ssdmpi/bench/torch_peer.py`` (one
+rank program that takes ``ssdmpi train``'s flags), run where an ``ssdmpi train`` run would be; with
+a text dataset (``--preset text-gpt``) they train the language model, nanoGPT's module on the same
+token windows. ``--variants`` (default ``DEFAULT_VARIANTS``):
 
 ==================== =======================================================================
 ``ddp``              PyTorch DDP over gloo, DDP's default bucket (25 MiB)
@@ -29,14 +31,17 @@ accuracy, time to ssgd's final accuracy minus ``--target-drop`` points and each 
 DDP's; ``bench train``'s step breakdown; the backward-overlap bound of the ssgd variants),
 ``results.csv`` (one row per variant, every column), ``result.json`` (the result file of
 ``ssdmpi/bench/result.py``: the command line, the machine, the settings, the compute probe,
-the rows; what ``ssdmpi bench report`` renders from), ``figures/``, ``logs/``, ``runs/``.
+the rows; what ``ssdmpi bench report`` renders from), ``figures/``, ``logs/``, ``runs/``. A
+language model's runs (``peer_columns``) give tokens/s and its ratio to DDP's, the final
+validation loss (nats per token), its difference to DDP's (``loss_vs_ddp``) and to ssgd's in
+percent of theirs, and the time to ssgd's final loss plus ``--target-rise`` percent.
 
 The compute probe (``ssdmpi/bench/probe.py``): after the runs, this process times one forward
 pass, one backward pass and one update of the model at the per-rank batch, ssdmpi's engine and the
 PyTorch twin interleaved (``--probe-repeats``, medians), with the threads each rank gets. It says how
 much of a gap is engine speed, and splits ssgd's measured forward+backward into ``c_fwd`` and
 ``c_bwd`` for the overlap bound ``max(c_bwd, T) + c_fwd + update`` (``T``: ssgd:no-overlap's
-allreduce).
+allreduce). It times the image models only: a language model's benchmark has none.
 
 PyTorch is a benchmark peer only: without it, a variant list with PyTorch peers is refused
 in one line saying what to install (exit 2, nothing created).
