@@ -323,8 +323,8 @@ def test_a_rule_file_is_all_the_registry_needs(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["rules"] == ["delta-merge", "delta-own", "planted", "replay"]
-    assert "delta-merge | delta-own | planted | replay" in got["help"]
+    assert got["rules"] == ["delta-merge", "delta-own", "eager", "planted", "replay"]
+    assert "delta-merge | delta-own | eager | planted | replay" in got["help"]
     assert got["knob_help"].startswith("a knob of the planted rule (default: 3 with --comm period --period-rule "
                                        "planted)")
     assert got["knob"] == 4
