@@ -147,8 +147,8 @@ class Peer:
         inputs = data.model_inputs(cfg.context) if self.context else (data.input_shape, data.num_classes)
         self.engine = build_model(cfg.model, *inputs, dtype=np.dtype(cfg.dtype), seed=cfg.seed, **model_options(cfg))
         if (self.engine.input_kind == "tokens") != bool(self.context):
-            raise UserError(f"--model {cfg.model} does not take what dataset {data.name} holds (token windows for "
-                            "a language model, images or feature vectors otherwise); ssdmpi train refuses it too")
+            raise UserError(f"--model {cfg.model} does not take what dataset {data.name} holds: use --model gpt "
+                            "with a text dataset, an image or tabular model with the others")
         if self.context:
             self.loader = data.loader(cfg.context, cfg.batch_size, self.rank, self.size, seed=cfg.seed)
             self.split = data.val_windows(cfg.context)
