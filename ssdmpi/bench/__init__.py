@@ -28,7 +28,8 @@ KINDS = {
     "train": "whole training runs per algorithm on a throttled network: speed and accuracy",
     "peers": "ssdmpi next to PyTorch DDP and post-local SGD: the same training runs, side by side",
     "model": "alpha-beta communication model: predicted vs measured speedup",
-    "accuracy": "final test accuracy of W per algorithm, schedule, local update and k (reference simulator)",
+    "accuracy": "final test accuracy (a language model's: validation loss) of W per algorithm, schedule, local update "
+                "and k (reference simulator)",
     "stability": "largest stable lr x curvature of each period rule per k and merge delay (linear model)",
     "checkpoint": "what a checkpoint costs: sharded background writes vs the gather to rank 0, per rank count",
     "report": "render BENCHMARKS.md from the result files under docs/results/",

@@ -1,4 +1,5 @@
-"""``ssdmpi bench accuracy``: final test accuracy of ``W`` per algorithm, schedule, local update and k.
+"""``ssdmpi bench accuracy``: final test accuracy (a language model's: validation loss) of ``W`` per algorithm,
+schedule, local update and k.
 
 The table that chose the defaults of ``--local-update``, ``--period-rule`` and ``--comm``
 (docs/ACCURACY.md). Every configuration runs in the reference simulator
@@ -17,7 +18,16 @@ accuracy over ``E`` evaluations spread evenly over the second half of training (
 ``steps/2 + i*(steps - steps/2)/E``, ``i = 1..E``, the last one the end), each of the model
 ``finalize()`` would give at that iteration (``Simulation.finalized_W``), as ``acc_W_tail``
 and a second table.
-``--lr`` and ``--seed`` take lists: one command runs the whole grid.
+``--lr`` and ``--seed`` take lists: one command runs the whole grid. ``--warmup-steps`` is iterations
+(``200``) or a percentage of each run's (``25%``: the same share of the run at every ``N``).
+
+A language model (``--models gpt``, its sizes by ``--gpt NAME=INT,...``, ``configs.GPT_SIZES``) trains
+on a text ``--dataset`` (``devils-dictionary``, built in, or ``kjv``), each worker's loader the one ``ssdmpi
+train`` gives a rank (windows of ``context`` tokens, ``--batch-size`` of them per worker), and is scored on the
+validation windows (``--val-windows N``: ``N`` of them, evenly spread; default all): its figure is the
+validation loss of ``W`` after finalize, ``val_loss`` in nats per token (lower is better), compared with ssgd's
+relative to it, ``100 * (loss - ssgd's) / ssgd's`` in percent; each row also has the perplexity ``val_ppl``
+(``exp(val_loss)``) and the next-token accuracy as ``acc_W``. A command's models all take one kind of data.
 
 Variants (``--variants``, comma separated; every algorithm's and period rule's named
 configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algorithm takes
@@ -40,9 +50,9 @@ configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algor
                             has no k, so it has one column per row
 
 Outputs: Markdown tables on stdout, one per k (rows model x lr x N; columns the variants;
-a cell is ``accuracy% [difference to ssgd of the row, points]``, with several seeds the mean
-over the seeds, the difference paired by seed and averaged, and the range over the seeds:
-``mean [mean difference] (min..max)``); with ``--out DIR`` also
+a cell is ``accuracy% [difference to ssgd of the row, points]`` (a language model's ``loss [difference,
+%]``), with several seeds the mean over the seeds, the difference paired by seed and averaged, and the
+range over the seeds: ``mean [mean difference] (min..max)``); with ``--out DIR`` also
 ``DIR/results.csv`` (one row per configuration, appended as each finishes, so an
 interrupted sweep keeps what it did; ``--resume`` skips configurations already there)
 and ``DIR/results.md`` (the table) and ``DIR/result.json`` (every row, the command line and the

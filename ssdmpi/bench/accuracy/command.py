@@ -62,7 +62,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--weight-decay", type=float, default=None,
                         help=f"weight decay lambda (default: the optimizer's, as ssdmpi train: "
                              f"{registry.default_text('weight_decay')})")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch per worker B (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="batch per worker B (a language model's: windows of its context) (default %(default)s)")
     parser.add_argument("--epochs", default=DEFAULT_EPOCHS, metavar="E|M=E,...",
                         help="epochs, one number or per model (default %(default)s); fractions allowed")
     parser.add_argument("--warmup-steps", default="200", metavar="T|P%",
@@ -76,8 +77,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", action=CommaList, default="0", metavar="S1,S2",
                         help="model-initialisation and data-order seeds (default %(default)s)")
     parser.add_argument("--tail", type=int, default=0, metavar="E",
-                        help="also report the mean test accuracy of W over E evaluations spread over the second "
-                             "half of training, a steadier figure than the final one at a high lr (default "
+                        help="also report the mean test accuracy (a language model's: validation loss) of W over E "
+                             "evaluations spread over the second half of training, a steadier figure than the final "
+                             "one at a high lr (default "
                              "%(default)s: off)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations run in parallel processes (default %(default)s)")

@@ -23,7 +23,7 @@ VARIANTS = registry.variants()
 NO_DELAY = tuple(v for v, s in VARIANTS.items() if not registry.ALGORITHMS[s["algo"]].takes("delay"))
 BASELINE = next(v for v, s in VARIANTS.items() if registry.ALGORITHMS[s["algo"]].baseline)
 DEFAULT_VARIANTS = registry.accuracy_defaults()
-DEFAULT_EPOCHS = "mlp=3,lenet5=2,gpt=0.2"
+DEFAULT_EPOCHS = "mlp=3,lenet5=2,gpt=2"
 # Settings that identify a result; --resume only reuses rows whose settings all match.
 # ``gpt`` and ``val_windows`` are a language model's (``gpt_text``; 0: every validation window), '' and 0 for
 # an image model.
