@@ -116,7 +116,9 @@ class AlgorithmSpec:
     is the default ``--algo`` (one is);
     ``torch_peer``: the ``ssdmpi bench peers`` PyTorch peer that runs the same recipe;
     ``linear_map``: its ``LinearMap`` for the stability tool; ``check(run, world_size)`` its own
-    whole-run check; ``workers(run, world_size)`` the ranks that train on data.
+    whole-run check; ``workers(run, world_size)`` the ranks that train on data; ``outer_step(run)``: the run's
+    merged averages land through the outer optimizer (``ssdmpi/optim/outer.py``, whose settings apply then;
+    None: it has none).
     """
 
     name: str
@@ -145,6 +147,7 @@ class AlgorithmSpec:
     linear_map: LinearMap | None = None
     check: Callable | None = None
     workers: Callable = lambda run, world_size: world_size
+    outer_step: Callable | None = None
 
     def uses(self, name: str) -> bool:
         """It can use setting ``name`` (given, or fixed to its value)."""
@@ -167,7 +170,9 @@ class RuleSpec:
     (one rule is); ``auto_chooses``: its setting that ``--delay auto`` chooses with ``k`` (a merge delay:
     the iterations the allreduce has to hide behind; the choice keeps to the stable region of its
     ``linear_map``), None: ``--delay auto`` is refused; ``predating``: the values of its settings that a
-    checkpoint written before they existed ran with (``{"setting": value}``).
+    checkpoint written before they existed ran with (``{"setting": value}``); ``outer_step``: its merge adds
+    the ranks' mean displacement to ``W``, which the outer optimizer may step instead
+    (``ssdmpi/optim/outer.py``).
     """
 
     name: str
@@ -182,6 +187,7 @@ class RuleSpec:
     auto_chooses: str | None = None
     linear_map: LinearMap | None = None
     predating: dict = field(default_factory=dict)
+    outer_step: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ Buffers (1-D, the model's dtype and device):
 
 ``M`` is the global optimizer's state (``ssdmpi/optim/part.py``'s ``OptState``: momentum SGD's
 velocity, ALGORITHM.md's ``M``), stepped by the inner optimizer ``optimizer`` the registry built.
+``outer`` is the outer optimizer of the merged averages (``ssdmpi/optim/outer.py``; None: the plain
+average) and ``B`` its momentum buffer, global like ``M`` (state key ``outer.momentum``).
 Subclasses implement the delay stage (``_begin_delay``, ``_delay_step``) and their extra state; a
 schedule that measures in the warm-up or chooses at the switch overrides ``_warmup_step`` and
 ``_switch`` (``--comm period``'s ``--delay auto``, ``ssd.py``).
@@ -23,6 +25,7 @@ from ssdmpi.algos.contract import TrainingAlgorithm
 from ssdmpi.algos.overlap import BackwardAllreduce
 from ssdmpi.algos.period import Counts
 from ssdmpi.errors import UserError
+from ssdmpi.optim.outer import STATE_KEY as OUTER_KEY
 from ssdmpi.phases import clock
 from ssdmpi.spec import ALGORITHM, Setting
 from ssdmpi.validate import is_int, nonnegative_int, number, positive_int
@@ -105,6 +108,10 @@ class Algorithm(TrainingAlgorithm):
         self.optimizer.poll = self.poll
         self.W = model.params
         self.M = self.optimizer.init(model.params)
+        self.outer = parts.outer
+        self.B = None if self.outer is None else self.outer.init(model.params)
+        if self.outer is not None:
+            self.outer.poll = self.poll
         self.L = None
         self.counts = Counts()   # t, s (a period rule adds to s: ssdmpi/algos/period.py)
         # The gradient allreduce posted bucket by bucket during the backward pass (overlap.py),
@@ -213,7 +220,7 @@ class Algorithm(TrainingAlgorithm):
         ``copy=False``: the live buffers (device arrays on a GPU), valid until the next step."""
         self.drain()
         d = {"algo": self.name, "t": int(self.t), "s": int(self.s), "stage": self.stage, "W": self.W,
-             **self.M.entries("M")}
+             **self.M.entries("M"), **self._outer_entries()}
         if self.stage == "delay":
             d["L"] = self.L
             d.update(self._delay_state())
@@ -223,8 +230,8 @@ class Algorithm(TrainingAlgorithm):
     def replicated(self) -> tuple:
         """Keys of ``state_dict()`` whose arrays are identical on every rank (a checkpoint stores
         them once, and resuming on another number of ranks keeps them exactly)."""
-        return ("W", *(k for k, v in self.M.entries("M").items() if not isinstance(v, int))) + \
-            (self._replicated_delay() if self.stage == "delay" else ())
+        return ("W", *(k for k, v in self.M.entries("M").items() if not isinstance(v, int)),
+                *self._outer_entries()) + (self._replicated_delay() if self.stage == "delay" else ())
 
     def resized_state(self, ctx) -> tuple[dict, str]:
         """Collective: this rank's ``state_dict()`` from a checkpoint written by another number of
@@ -237,7 +244,8 @@ class Algorithm(TrainingAlgorithm):
 
         if str(d.get("algo")) != self.name:
             raise UserError(f"the checkpoint holds the state of algorithm {d.get('algo')!r}, not {self.name!r}")
-        arrays = ("W", *(k for k, v in self.M.entries("M").items() if not isinstance(v, int)))
+        arrays = ("W", *(k for k, v in self.M.entries("M").items() if not isinstance(v, int)),
+                  *(k for k in self._outer_entries() if k in d))
         for key in arrays + (("L",) if str(d.get("stage")) == "delay" else ()):
             if key not in d or np.asarray(d[key]).shape != self.model.params.shape:
                 raise UserError(f"the checkpoint's algorithm state {key} does not fit this model "
@@ -258,6 +266,12 @@ class Algorithm(TrainingAlgorithm):
                 raise UserError("cannot load a warm-up state into an algorithm already in its delay stage")
             self.W[...] = self.xp.asarray(d["W"])
         self.M.load_entries(d, "M", self.xp)
+        if self.B is not None:     # a checkpoint without the buffer: the one before the first outer step
+            self.B[...] = self.xp.asarray(d[OUTER_KEY]) if OUTER_KEY in d else 0
+
+    def _outer_entries(self) -> dict:
+        """The outer optimizer's momentum buffer as ``{"outer.momentum": B}`` (``{}`` without one)."""
+        return {} if self.B is None else {OUTER_KEY: self.B}
 
     # --- shared pieces -------------------------------------------------------------------
 

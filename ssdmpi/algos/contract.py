@@ -16,12 +16,14 @@ from ssdmpi.phases import Phases
 @dataclass(frozen=True)
 class Parts:
     """What the registry hands an algorithm besides its config (``registry.build_algorithm``): the inner
-    optimizer (``ssdmpi/optim/part.py``), and for ``--comm period`` the period rule's spec and the values
-    of its own settings."""
+    optimizer (``ssdmpi/optim/part.py``), for ``--comm period`` the period rule's spec and the values
+    of its own settings, and the outer optimizer of its merged averages (``ssdmpi/optim/outer.py``; None:
+    the plain average)."""
 
     optimizer: object
     rule: object = None
     rule_settings: dict = field(default_factory=dict)
+    outer: object = None
 
 
 class TrainingAlgorithm(abc.ABC):

@@ -11,11 +11,22 @@ warm-up's velocity) at the global lr of iteration ``t``::
 The momentum buffers stay per rank (not averaged), as in post-local SGD. ``V`` is this rank's state of
 the inner optimizer (``--optimizer``), copied from the global one at the switch; the steps above are
 momentum SGD's, and another optimizer's steps take their place.
+
+With an outer optimizer (``--outer-optimizer``, ``--outer-lr``, ``--outer-momentum``; ``ssdmpi/optim/outer.py``)
+the average is DiLoCo's outer step instead: ``W`` is the global model the period started from, so with
+the pseudo-gradient ``g = W - mean_r L_r`` (blocking allreduce of the sum of ``L``) and the global buffer
+``B``::
+
+    B <- B*mu_o + g;  W <- W - lr_o*(g + B*mu_o) (nesterov) or W - lr_o*B (sgd);  L <- W;  s += k
+
+at every period's end and at ``finalize`` mid-period alike. ``--outer-lr 1 --outer-momentum 0`` is the plain
+average above, bit for bit (the same code).
 """
 
 from __future__ import annotations
 
 from ssdmpi.algos.base import DELAY, DELAY_MAX, Algorithm, refuse_auto
+from ssdmpi.optim import outer
 from ssdmpi.spec import AlgorithmSpec, LinearMap
 
 
@@ -43,16 +54,28 @@ class LocalSGD(Algorithm):
         self.optimizer.update(self.L, self.V, self.model.grads, self.schedule(self.t))
         if (m + 1) % self.k == 0:
             self.comm.allreduce(self.L, average=False)
-            self._fused.divide_copy(self._plan, self.L, self.W, self.N)   # L = sum/N; W = L: one pass
+            self._average()
             self.s += self.k
         return loss
 
+    def _average(self) -> None:
+        """``L`` holds the sum of the ranks' models: ``W`` <- their mean (or the outer step from it); ``L = W``.
+        One pass either way."""
+        if self.outer is None:
+            self._fused.divide_copy(self._plan, self.L, self.W, self.N)   # L = sum/N; W = L
+        else:
+            self.outer.average_step(self.W, self.B, self.L, self.N)
+
     def finalize(self) -> None:
         """End of training: a partial period's local progress is averaged too, as its period end
-        would have: ``W <- mean_r L_r``, ``L <- W`` (blocking, collective)."""
+        would have: ``W <- mean_r L_r`` (or the outer step from it), ``L <- W`` (blocking, collective)."""
         if self.stage == "delay" and (self.t - self.T_w) % self.k != 0:
-            self.comm.allreduce_mean(self.L)
-            self.W[...] = self.L
+            if self.outer is None:
+                self.comm.allreduce_mean(self.L)
+                self.W[...] = self.L
+            else:
+                self.comm.allreduce(self.L, average=False)
+                self.outer.average_step(self.W, self.B, self.L, self.N)
 
     def _delay_state(self) -> dict:
         return self.V.entries("V")
@@ -77,9 +100,11 @@ def _check(run, world_size) -> None:
 
 SPEC = AlgorithmSpec("localsgd", lambda cfg: "ssdmpi.algos.localsgd:LocalSGD",
                      lambda cfg, rule: "ssdmpi.verify.reference:LocalSGDTwin",
-                     lambda cfg, workers: f"localsgd (k={cfg.delay})",
-                     settings=(DELAY, DELAY_MAX), why="it averages models every --delay steps, blocking",
-                     inspect=lambda cfg: f"k={cfg.get('delay')}", label=("k={delay}",), bench=("delay",),
+                     lambda cfg, workers: f"localsgd (k={cfg.delay}{outer.describe(cfg)})",
+                     settings=(DELAY, DELAY_MAX, *outer.SETTINGS),
+                     why="it averages models every --delay steps, blocking",
+                     inspect=lambda cfg: f"k={cfg.get('delay')}{outer.describe(cfg)}", label=("k={delay}",),
+                     bench=("delay",),
                      variants={"localsgd": {}}, accuracy_defaults=("localsgd",),
                      pattern=lambda cfg: ("averaging", cfg.delay), torch_peer="postlocal", check=_check,
-                     linear_map=LinearMap(_linear_map))
+                     linear_map=LinearMap(_linear_map), outer_step=lambda run: True)

@@ -53,8 +53,9 @@ class PeriodState:
     rule's own per-rank state); ``local`` the ``--local-update`` (None for a rule without one) and
     ``local_lr(t)`` its lr; ``comm`` the Communicator (``allreduce_start``, ``allreduce_mean``);
     ``poll`` the progress hook of the fused passes (or None); ``comm_dtype`` what its posts travel as
-    (``--comm-dtype``; None: uncompressed float32). A rule's own settings are the keyword arguments it is
-    built with, not in here.
+    (``--comm-dtype``; None: uncompressed float32); ``outer`` the outer optimizer of a rule whose merge adds
+    the ranks' mean displacement to ``W`` (``ssdmpi/optim/outer.py``; None: the plain addition) and ``B``
+    its global momentum buffer. A rule's own settings are the keyword arguments it is built with, not in here.
     """
 
     xp: object
@@ -73,6 +74,8 @@ class PeriodState:
     comm: object
     poll: object = None
     comm_dtype: str | None = None
+    outer: object = None
+    B: object = None
 
 
 class PeriodRule:
@@ -156,9 +159,10 @@ class PeriodRule:
         return ("Rp",) if self._held else ()
 
     @staticmethod
-    def resized(state: dict, k: int) -> str:
+    def resized(state: dict, k: int, outer=None) -> str:
         """Resuming on another number of ranks: change the averaged ``state`` (``resize.averaged``)
-        where this rule needs more; return what was merged ("": nothing more)."""
+        where this rule needs more; return what was merged ("": nothing more). ``outer``: the outer step on
+        host arrays, ``outer(W, mean) -> W`` (None: the plain addition)."""
         return ""
 
     @staticmethod

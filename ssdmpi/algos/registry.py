@@ -23,6 +23,7 @@ import pkgutil
 from ssdmpi.algos.base import WARMUP_EPOCHS, WARMUP_STEPS
 from ssdmpi.algos.contract import Parts
 from ssdmpi.errors import UserError
+from ssdmpi.optim import outer
 from ssdmpi.optim.schedules import LR, LR_SCHEDULE, LR_WARMUP_EPOCHS, LRSchedule
 from ssdmpi.spec import ALGORITHM, OPTIMIZER, AlgorithmSpec, OptimizerSpec, RuleSpec, Setting, load
 from ssdmpi.validate import flag_name, is_int
@@ -418,6 +419,8 @@ def build_algorithm(config, model, communicator):
     cfg = config if config.resolved else config.validate(world_size=communicator.size)
     spec = ALGORITHMS[cfg.algo]
     rule = RULES.get(cfg.period_rule) if cfg.period_rule is not None else None
-    parts = Parts(optimizer=build_optimizer(cfg, model.flat.decay_mask()), rule=rule,
-                  rule_settings=own_settings(rule.settings, cfg) if rule is not None else {})
+    mask = model.flat.decay_mask()
+    parts = Parts(optimizer=build_optimizer(cfg, mask), rule=rule,
+                  rule_settings=own_settings(rule.settings, cfg) if rule is not None else {},
+                  outer=outer.build(cfg, mask))
     return load(spec.implementation(cfg))(cfg, model, communicator, parts)

@@ -17,7 +17,8 @@ What happens to each part of the state (docs/ALGORITHM.md section 6):
   what ``finalize`` does), and the period restarts from there: ``L = S = W`` on every rank, nothing in
   flight; its end posts the displacement made since the resume. A delta-merge sum in flight
   mid-delay (posted, not yet merged) is the held ``Rp``: merged now; its merge iteration then has
-  nothing to add;
+  nothing to add. With an outer optimizer both merges are its steps, and its momentum buffer
+  (``outer.momentum``, replicated) is kept exactly;
 - **asgd** (``asgd``): the servers' ``W`` and optimizer state (every part of ``M_shard``: momentum
   SGD's velocity, AdamW's ``m``, ``v`` and ``count``) are kept exactly (the servers, hence their shards,
   are the same), every worker starts from a fresh pull of ``W``, and the staleness
@@ -61,17 +62,21 @@ def averaged(ctx) -> tuple[dict, str]:
                    else "no per-rank state to merge")
 
 
-def merge_displacements(state: dict, k: int) -> str:
+def merge_displacements(state: dict, k: int, outer=None) -> str:
     """delta-merge, delta-own: ``W <- W + Rp + mean(L - S)`` (``s += k`` for a held ``Rp``), then ``L = S = W``
-    and nothing held. ``state`` is ``averaged``'s (``L``, ``period.S`` and ``period.U`` are means)."""
+    and nothing held. ``state`` is ``averaged``'s (``L``, ``period.S`` and ``period.U`` are means). ``outer``:
+    the outer step, ``outer(W, mean) -> W`` (advancing the global buffer kept exactly in ``state``), applied
+    to ``Rp`` and to ``mean(L - S)`` in turn, as ``finalize`` does (None: the additions)."""
+    add = outer or (lambda W, mean: W + mean)
     W = state["W"]
     if int(state.get("period.has_Rp", 0)):
-        W = W + state.pop("period.Rp")
+        W = add(W, state.pop("period.Rp"))
         state["s"] = int(state["s"]) + int(k)
-    W = W + (state["L"] - state["period.S"])
+    W = add(W, state["L"] - state["period.S"])
     state.update({"W": W, "L": W.copy(), "period.S": W.copy(), "period.has_Rp": 0})
-    return ("merged into W: the mean displacement in flight and the old ranks' mean displacement of the "
-            "partial period; L = S = W (the period restarts); local momentum U averaged")
+    return ("merged into W" + (" through the outer step" if outer else "") + ": the mean displacement in flight "
+            "and the old ranks' mean displacement of the partial period; L = S = W (the period restarts); local "
+            "momentum U averaged")
 
 
 def asgd(algo, ctx) -> tuple[dict, str]:

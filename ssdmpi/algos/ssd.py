@@ -13,6 +13,7 @@ from ssdmpi.algos.base import DELAY, DELAY_MAX, Algorithm
 from ssdmpi.algos.period import PeriodRule, PeriodState
 from ssdmpi.comm.compressed import DTYPES as COMM_DTYPES
 from ssdmpi.errors import UserError
+from ssdmpi.optim import outer
 from ssdmpi.optim.local import LOCAL_LR_UPDATES, LOCAL_UPDATES, make_local_update
 from ssdmpi.optim.schedules import check_schedule
 from ssdmpi.spec import ALGORITHM, AlgorithmSpec, Setting
@@ -216,7 +217,8 @@ class SSDPeriod(_SSDBase):
         state = PeriodState(xp=self.xp, W=self.W, M=self.M, L=self.L, mask=self.mask, counts=self.counts, N=self.N,
                             k=self.k, T_w=self.T_w, schedule=self.schedule, optimizer=self.optimizer,
                             local=self.local, local_lr=self.local_lr_at, comm=self.comm, poll=self.poll,
-                            comm_dtype=self.comm_dtype if self.comm_dtype != COMM_DTYPE.default else None)
+                            comm_dtype=self.comm_dtype if self.comm_dtype != COMM_DTYPE.default else None,
+                            outer=self.outer, B=self.B)
         self.rule = self.rule_spec.implementation(state, **self.rule_settings)
         self.rule.begin()
 
@@ -278,10 +280,24 @@ class SSDPeriod(_SSDBase):
         state, merged = super().resized_state(ctx)
         if str(state.get("stage")) == "delay":
             k = int(state["auto.k"]) if self.auto else self.k
-            merged = self.rule_spec.implementation.resized(state, k) or merged
+            merged = self.rule_spec.implementation.resized(state, k, self._outer_on_host(state)) or merged
             restarted = PeriodRule.resized_transport(state, "period.")
             merged = f"{merged}; {restarted}" if restarted else merged
         return state, merged
+
+    def _outer_on_host(self, state: dict):
+        """The outer step on the host arrays of ``state`` (a resume on another rank count), as
+        ``merge(W, mean) -> W`` advancing ``state``'s buffer (zero when the checkpoint has none); None
+        without an outer optimizer."""
+        if self.outer is None:
+            return None
+
+        def merge(W, mean):
+            import numpy as np
+
+            W, state[outer.STATE_KEY] = self.outer.host_step(W, state.get(outer.STATE_KEY, np.zeros_like(W)), mean)
+            return W
+        return merge
 
     def _load_delay_state(self, d: dict) -> None:
         super()._load_delay_state(d)
@@ -349,7 +365,8 @@ COMM_DTYPE = Setting("comm_dtype", "float32", "what --comm period's sums travel 
                      "float32, the same on every rank, with error feedback (docs/ALGORITHM.md, compressed "
                      "transport)", choices=COMM_DTYPES, group=ALGORITHM, applies=lambda run: run.comm == "period",
                      where="--algo ssd --comm period", structural=True)
-SETTINGS = (DELAY, DELAY_MAX, COMM, PERIOD_RULE, COMM_DTYPE, LOCAL_UPDATE, LOCAL_LR, LOCAL_LR_SCHEDULE, GLU_DIVISOR)
+SETTINGS = (DELAY, DELAY_MAX, COMM, PERIOD_RULE, COMM_DTYPE, *outer.SETTINGS, LOCAL_UPDATE, LOCAL_LR, LOCAL_LR_SCHEDULE,
+            GLU_DIVISOR)
 
 
 def _auto_applies(run, world_size) -> None:
@@ -375,12 +392,20 @@ def _implementation(cfg) -> str:
     return f"ssdmpi.algos.ssd:{'SSDStep' if cfg.comm == 'step' else 'SSDPeriod'}"
 
 
+def _outer_step(run) -> bool:
+    """The merges of ``--comm period`` with a rule whose merge adds the ranks' mean displacement to ``W``."""
+    return run.comm == "period" and run.rule is not None and run.rule.outer_step
+
+
 SPEC = AlgorithmSpec("ssd", _implementation, _twin,
-                     lambda cfg, workers: f"ssd (k={cfg.delay}, comm {cfg.comm}, warm-up {cfg.warmup_steps} steps)",
-                     settings=SETTINGS, inspect=lambda cfg: f"comm {cfg.get('comm')}, k={cfg.get('delay')}",
+                     lambda cfg, workers: f"ssd (k={cfg.delay}, comm {cfg.comm}, warm-up {cfg.warmup_steps} steps"
+                                          f"{outer.describe(cfg)})",
+                     settings=SETTINGS,
+                     inspect=lambda cfg: f"comm {cfg.get('comm')}, k={cfg.get('delay')}{outer.describe(cfg)}",
                      label=("{comm}", "k={delay}"), bench=("comm", "delay"),
                      variants={f"step/{u}": {"comm": "step", "local_update": u} for u in LOCAL_UPDATES},
                      rule_variant=lambda rule: (f"period/{rule.name}",
                                                 {"comm": "period", "period_rule": rule.name, **rule.variant}),
                      accuracy_defaults=("step/global-momentum",), check=_auto_applies, default=True,
-                     pattern=lambda cfg: ("period", cfg.delay) if cfg.comm == "period" else ("step", 1))
+                     pattern=lambda cfg: ("period", cfg.delay) if cfg.comm == "period" else ("step", 1),
+                     outer_step=_outer_step)

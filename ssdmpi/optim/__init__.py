@@ -4,6 +4,8 @@
   ``update``); one file per ``--optimizer`` in ``optimizers/`` (``sgd.py``: ``MomentumSGD``), found by the registry.
 - ``GlobalMomentumLocal``, ``GLUPaper``, ``PlainLocalSGD``: the local updates
   ``global-momentum``, ``glu-paper``, ``sgd``; ``make_local_update(name, ...)``.
+- ``outer``: the outer optimizer of the merged averages (``OuterOptimizer``: SGD or Nesterov momentum on
+  the pseudo-gradient, DiLoCo's; ``--outer-optimizer``, ``--outer-lr``, ``--outer-momentum``).
 - ``fused``: each update as one pass over the buffers (NumPy in cache-sized blocks, or one
   CuPy kernel), bitwise equal to the operation-by-operation form.
 - ``LRSchedule``: constant, step, multistep, cosine, poly, each with linear warm-up.

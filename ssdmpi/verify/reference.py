@@ -120,6 +120,33 @@ class AdamWTwin:
 OPTIMIZER_TWINS = {"sgd": SGDTwin, "adamw": AdamWTwin}
 
 
+class OuterTwin:
+    """The outer optimizer (ALGORITHM.md 16), written from ``torch.optim.SGD`` (dampening 0, no weight decay)
+    on the pseudo-gradient ``g`` of a merged average (the global weights before it minus the ranks' mean
+    model), with the global buffer ``b`` (zeros at the start)::
+
+        b <- mu*b + g;  W <- W - lr*(g + mu*b)   (--outer-optimizer nesterov)   or   W - lr*b   (sgd)
+
+    ``Simulation.outer`` is None for ``--outer-lr 1 --outer-momentum 0``: the plain average itself. Returns new
+    arrays, writes into none."""
+
+    def __init__(self, c):
+        self.nesterov, self.lr, self.mu = c.outer_optimizer == "nesterov", c.outer_lr, c.outer_momentum
+
+    @staticmethod
+    def of(c):
+        """The twin for a resolved config, or None where the plain average is the step (or none applies)."""
+        if c.outer_optimizer is None or (c.outer_lr == 1.0 and c.outer_momentum == 0.0):
+            return None
+        return OuterTwin(c)
+
+    def step(self, W, b, g):
+        """``(W, b)`` after one step with the pseudo-gradient ``g``."""
+        b = b * self.mu + g
+        d = g + b * self.mu if self.nesterov else b
+        return W - d * self.lr, b
+
+
 class Simulation:
     """``N`` simulated workers running ``config`` (an ``AlgoConfig``) step by step."""
 
@@ -139,12 +166,14 @@ class Simulation:
             self._batch = lambda r, t: loaders[r].next_batch()
         self.mu, self.lam, self.k = c.momentum, c.weight_decay, c.delay
         self.opt = OPTIMIZER_TWINS[c.optimizer](c, self.mask)
+        self.outer = OuterTwin.of(c)
         spec = ALGORITHMS[c.algo]
         self.T_w = c.warmup_steps if spec.delay_stage else None
         self.twin = load(spec.reference(c, RULES.get(c.period_rule)))(self) if spec.delay_stage else None
         self.wire = Wire(c.comm_dtype, self.N) if c.comm_dtype not in (None, "float32") else None  # --comm-dtype
         self.W = np.array(self.model.params, copy=True)
         self.M = self.opt.init(self.W)
+        self.B = np.zeros_like(self.W)          # the outer optimizer's buffer (used with self.outer only)
         self.L = self.P = self.V = self.U = self.S = self.A = None
         self.pending = None
         self.t = self.s = 0
@@ -187,6 +216,21 @@ class Simulation:
         + G); W <- W + M``); ``s += 1``."""
         self.W, self.M = self.opt.step(self.W, self.M, G, self.sched(self.s))
         self.s += 1
+
+    def _merged(self, W, mean):
+        """``W`` after a merge of the ranks' mean displacement ``mean``: ``W + mean``, or the outer step with
+        the pseudo-gradient ``-mean``."""
+        if self.outer is None:
+            return W + mean
+        W, self.B = self.outer.step(W, self.B, -mean)
+        return W
+
+    def _averaged(self, W, mean_model):
+        """``W`` after localsgd's average ``mean_model``: itself, or the outer step with ``W - mean_model``."""
+        if self.outer is None:
+            return mean_model
+        W, self.B = self.outer.step(W, self.B, W - mean_model)
+        return W
 
     def _lr_local(self) -> float:
         c = self.cfg
@@ -352,7 +396,8 @@ class ReplayTwin(StepTwin):
 class DeltaOwnTwin(StepTwin):
     """docs/PERIOD_RULE.md 3, ``delta-own``: local momentum SGD; at a boundary W gets the previous
     period's mean displacement and each worker restarts from W plus its own displacement; at the end
-    ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4)."""
+    ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (PERIOD_RULE.md 4). With an outer optimizer each ``W + mean``
+    is its step from the pseudo-gradient ``-mean`` (``Simulation._merged``)."""
 
     def local_step(self, grads):
         sim = self.sim
@@ -375,7 +420,7 @@ class DeltaOwnTwin(StepTwin):
     def apply_pending(self):
         sim = self.sim
         if sim.pending is not None:
-            sim.W = sim.W + sim.pending
+            sim.W = sim._merged(sim.W, sim.pending)
             sim.s += sim.k
             sim.pending = None
 
@@ -383,7 +428,7 @@ class DeltaOwnTwin(StepTwin):
         sim = self.sim
         self.apply_pending()
         if j:
-            sim.W = sim.W + sim._mean([sim.L[r] - sim.S[r] for r in range(sim.N)])
+            sim.W = sim._merged(sim.W, sim._mean([sim.L[r] - sim.S[r] for r in range(sim.N)]))
             sim.S = [L.copy() for L in sim.L]
 
 
@@ -412,22 +457,22 @@ class DeltaMergeTwin(DeltaOwnTwin):
 
 
 class LocalSGDTwin(StepTwin):
-    """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L, L <- W (and at the end,
-    mid-period)."""
+    """5c local SGD: per-rank momentum SGD; every k-th iteration W <- mean L (or the outer step with
+    ``W - mean L``), L <- W (and at the end, mid-period)."""
 
     def step(self, grads, m):
         sim = self.sim
         for r, g in enumerate(grads):
             sim._momentum_step(r, g)
         if (m + 1) % sim.k == 0:
-            sim.W = sim._mean(sim.L)
+            sim.W = sim._averaged(sim.W, sim._mean(sim.L))
             sim.L = [sim.W.copy() for _ in range(sim.N)]
             sim.s += sim.k
 
     def finalize(self, j):
         sim = self.sim
         if j:
-            sim.W = sim._mean(sim.L)
+            sim.W = sim._averaged(sim.W, sim._mean(sim.L))
             sim.L = [sim.W.copy() for _ in range(sim.N)]
 
 

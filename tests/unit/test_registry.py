@@ -68,7 +68,8 @@ def name_literals(package: pathlib.Path, allowed: dict) -> list:
 def allowed_files() -> dict:
     """Where each algorithm's, rule's and optimizer's name may be written: its own spec's file, the
     registry, and the reference twins (an independent second implementation, ``verify/reference.py``);
-    ``sgd`` also names a local update (``optim/local.py``, which declares it, and ``algos/ssd.py``)."""
+    ``sgd`` also names a local update (``optim/local.py``, which declares it, and ``algos/ssd.py``) and an
+    outer optimizer (``optim/outer.py``, which declares it)."""
     import inspect
 
     out = {}
@@ -76,7 +77,7 @@ def allowed_files() -> dict:
         for name, spec in specs.items():
             own = pathlib.Path(inspect.getsourcefile(_declaring_module(spec))).relative_to(PACKAGE)
             out[name] = {own.as_posix(), *REGISTRY, "verify/reference.py"}
-    out["sgd"] |= {"optim/local.py"}
+    out["sgd"] |= {"optim/local.py", "optim/outer.py"}
     return out
 
 

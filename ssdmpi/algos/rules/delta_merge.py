@@ -35,6 +35,14 @@ class DeltaMerge(DeltaOwn):
     merged at the resume, and its merge iteration then finds nothing to add (``L``, ``U`` kept).
     The momentum merge is the optimizer's (``Optimizer.merge_mean_step``; momentum SGD's is the line
     above).
+
+    With an outer optimizer (``ssdmpi/optim/outer.py``) ``W <- W + Sum/N`` is the outer step from the mean
+    displacement ``Sum/N`` (pseudo-gradient ``-Sum/N``, global momentum buffer ``B``) instead; the momentum
+    merge still reads ``Sum/(N k)``, the ranks' mean inner step, and ``L <- W + (L - S)`` keeps the rank's
+    progress of the ``d`` iterations since the post on top of the outer-stepped ``W``. In shift form the
+    merge replaces the rank's own posted displacement ``D`` by the outer step ``u`` (``L <- L + (u - D)``),
+    whatever ``d``: the ``d`` steps since the post were taken from a model that had ``D`` in place of ``u``,
+    the staleness the merge delay always has. ``d = k`` is delta-own's timing with its outer step.
     """
 
     def __init__(self, state, merge_delay: int, merge_momentum: float):
@@ -91,4 +99,4 @@ SPEC = RuleSpec("delta-merge", DeltaMerge, reference="ssdmpi.verify.reference:De
                 settings=(MERGE_DELAY, MERGE_MOMENTUM), auto_chooses=MERGE_DELAY.name, default=True,
                 accuracy_default=True, linear_map=LinearMap(_linear_map),
                 # there was no momentum merge before the setting: such checkpoints resume with 0
-                predating={MERGE_MOMENTUM.name: 0.0})
+                predating={MERGE_MOMENTUM.name: 0.0}, outer_step=True)

@@ -29,6 +29,12 @@ class DeltaOwn(PeriodRule):
     (end of training) applies what is in flight, then averages the partial period with a
     blocking allreduce: ``W <- W + mean_r(L_r - S_r)``, ``S <- L`` (skipped when training
     ended on a period boundary, where ``L = S``).
+
+    With an outer optimizer (``st.outer``, ``ssdmpi/optim/outer.py``) every ``W <- W + Sum/N`` above, the
+    partial period's at ``finalize`` included, is the outer step from the mean displacement ``Sum/N``
+    instead (pseudo-gradient ``-Sum/N``, the global buffer ``st.B``); the rest is unchanged, so ``L <- W + D``
+    keeps the rank's own displacement in flight on top of the outer-stepped ``W``: in shift form the rank's
+    posted displacement is replaced by the outer step.
     """
 
     folds_mean = True
@@ -61,17 +67,27 @@ class DeltaOwn(PeriodRule):
         st = self.st
         if self._handle is not None:
             total, self._handle = self._handle.wait(), None
-            self._fused.add_divided(self._plan, st.W, total, st.N)
+            if st.outer is None:
+                self._fused.add_divided(self._plan, st.W, total, st.N)
+            else:
+                st.outer.step(st.W, st.B, total, st.N)
             st.counts.s += st.k
             return True
         changed = self._held
         self.apply_held()
         return changed
 
-    def _apply(self, reduced) -> None:
+    def _add_mean(self, mean) -> None:
+        """``W <- W + mean`` (a mean displacement), or the outer step from it."""
         st = self.st
-        st.W += reduced
-        st.counts.s += st.k
+        if st.outer is None:
+            st.W += mean
+        else:
+            st.outer.step(st.W, st.B, mean)
+
+    def _apply(self, reduced) -> None:
+        self._add_mean(reduced)
+        self.st.counts.s += self.st.k
 
     def finalize(self) -> None:
         """Apply the sum in flight, then fold the partial period into ``W`` (blocking, collective)."""
@@ -82,7 +98,7 @@ class DeltaOwn(PeriodRule):
             D = self._acc
             st.xp.subtract(st.L, self.S, out=D)
             st.comm.allreduce_mean(D)
-            st.W += D
+            self._add_mean(D)
             self.S[...] = st.L
 
     def state_dict(self) -> dict:
@@ -93,9 +109,9 @@ class DeltaOwn(PeriodRule):
         return d
 
     @staticmethod
-    def resized(state: dict, k: int) -> str:
+    def resized(state: dict, k: int, outer=None) -> str:
         """Merge what is in flight into ``W`` and restart the period (``resize.merge_displacements``)."""
-        return resize.merge_displacements(state, k)
+        return resize.merge_displacements(state, k, outer)
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
@@ -118,4 +134,5 @@ def merged_after(x, k: int, d: int, N: int, mu: float, a: float = 0.0):
 SPEC = RuleSpec("delta-own", DeltaOwn, reference="ssdmpi.verify.reference:DeltaOwnTwin",
                 summary="momentum SGD on L with a per-rank U | wait previous Dsum: W <- W + Dsum/N; D = L - S; "
                         "L <- W + D (if W changed); post D (sum); S <- L",
-                accuracy_default=True, linear_map=LinearMap(lambda x, k, N, mu: merged_after(x, k, k, N, mu)))
+                accuracy_default=True, linear_map=LinearMap(lambda x, k, N, mu: merged_after(x, k, k, N, mu)),
+                outer_step=True)
