@@ -201,6 +201,7 @@ def test_a_results_file_written_before_the_language_model_fields_resumes(tmp_pat
     (["--models", "gpt", "--gpt", "context=40000"], "--gpt context=40000: the validation split"),
     (["--models", "gpt", "--val-windows", "0"], "--val-windows must be >= 1"),
     (["--models", "mlp", "--val-windows", "10"], "--val-windows applies to a language model"),
+    (["--models", "mlp", "--gpt", "n_layer=1"], "--gpt applies to a language model"),
     (["--models", "gpt", "--train-subset", "100"], "--train-subset applies to an image model"),
     (["--models", "gpt", "--warmup-steps", "100%"], "--warmup-steps must be >= 0 (and a percentage below 100%)"),
     (["--models", "gpt", "--warmup-steps", "a"], "--warmup-steps must be iterations (an integer) or a percentage"),

@@ -176,6 +176,8 @@ def parse(args) -> tuple[list[dict], dict]:
     if language and args.train_subset is not None:
         raise UserError("--train-subset applies to an image model; a language model trains on every window of "
                         f"{args.dataset}: drop it")
+    if args.gpt != gpt_text(GPT_SIZES) and not language:
+        raise UserError("--gpt applies to a language model (--models gpt): drop it")
     if args.val_windows is not None and not language:
         raise UserError("--val-windows applies to a language model (--models gpt): drop it")
     if args.val_windows is not None and args.val_windows < 1:

@@ -8,7 +8,7 @@ its validation loss (nats per token, lower is better), compared relative to the 
 from __future__ import annotations
 
 from ssdmpi.algos import registry
-from ssdmpi.bench.accuracy.configs import BASELINE, LANGUAGE_MODELS, NO_DELAY, runs_at
+from ssdmpi.bench.accuracy.configs import BASELINE, LANGUAGE_MODELS, NO_DELAY, gpt_sizes, gpt_text, runs_at
 
 # The figures compared relative to the baseline's (percent) rather than in points.
 RELATIVE = ("val_loss", "val_loss_tail")
@@ -94,7 +94,7 @@ def report_text(args, rows, models, lrs, ranks, variants, delays, epochs, seeds,
     language = models[0] in LANGUAGE_MODELS                # a command's models are all of one kind
     warmup = str(args.warmup_steps)
     warmup = f"{warmup} of the iterations" if warmup.endswith("%") else f"{warmup} iterations"
-    data = (f"gpt {args.gpt}, validation windows {args.val_windows or 'all'}" if language
+    data = (f"gpt {gpt_text(gpt_sizes(args.gpt))}, validation windows {args.val_windows or 'all'}" if language
             else f"train subset {args.train_subset or 'all'}")
     settings = (f"dataset {args.dataset}, batch {args.batch_size} per worker, constant lr, "
                 f"optimizer {args.optimizer}"
