@@ -42,6 +42,7 @@ configurations, ``ssdmpi/algos/registry.py``; ``k`` applies to those whose algor
                             period/delta-merge:d=D with --merge-delay D (skipped where D > k: a
                             rule's setting by its bench tag, where the run takes it)
     period/replay           ssd --comm period --period-rule replay --local-update global-momentum
+    period/eager            ssd --comm period --period-rule eager
     odsgd                   ssd --comm step with k = 1 (no k)
     localsgd                blocking periodic averaging, local momentum
     asgd                    --algo asgd --servers 1 --asgd-order round-robin (no k): N workers
