@@ -71,7 +71,7 @@ def _matches(row: dict, where: dict) -> bool:
 def select_rows(entry: Entry, source: dict) -> list:
     """The rows of ``source`` (``result``, ``path``, ``where``, ``add``; module docstring)."""
     data = entry.result(source["result"])
-    for part in source.get("path", "rows").split("."):
+    for part in (p for p in source.get("path", "rows").split(".") if p):     # "": the result object itself
         if not isinstance(data, dict) or part not in data:
             raise UserError(f"{entry.where()}: result {source['result']!r} has no {source.get('path', 'rows')!r}")
         data = data[part]

@@ -47,8 +47,9 @@ entry::
     }
 
 A table's rows come from the lists of row objects at ``path`` (dotted, default ``rows``; an
-object there is one row) of the named results, filtered by ``where`` (a value, or a list of
-allowed values, per key) and extended by ``add``; a column is ``[key, header, format]`` or
+object there is one row; ``""``: the result object itself, one row) of the named results,
+filtered by ``where`` (a value, or a list of allowed values, per key) and extended by ``add``;
+a column is ``[key, header, format]`` or
 ``[key, header, format, scale]`` (``str.format`` of the value times ``scale``, e.g. ``1000`` for
 seconds shown in ms; a column with a format is right-aligned; blank where a row has no value; a
 list, one value per run, is shown comma-separated). A claim's value is one such row's ``field``

@@ -130,6 +130,8 @@ def test_ratio_difference_and_aggregates(tmp_path):
     assert report.claim_value(entry, {"mean of": [ssd, ssgd, {"ratio": [ssd, ssgd]}]}) == \
         pytest.approx((0.2 + 0.5 + 0.2 / 0.5) / 3)
     assert report._used_results([{"mean of": [ssd, {"difference": [{"result": "B"}, ssgd]}]}]) == ["A", "B"]
+    # path "": the result object itself is the one row (a flat result such as bench engine's --json)
+    assert report.claim_value(entry, {"result": "A", "path": "", "field": "load_average", "agg": "max"}) == 0.5
     with pytest.raises(UserError, match='"mean of" needs at least one value'):
         report.claim_value(entry, {"mean of": []})
     with pytest.raises(UserError, match="matches 2 rows"):
