@@ -52,11 +52,12 @@ KINDS = ("sgd", "nesterov")     # --outer-optimizer: heavy-ball momentum, or Nes
 # The GPU kernels: the NumPy loops below statement for statement (n = 1 divides exactly).
 KERNELS = {
     "ssdmpi_outer_step": ("T n, T lr, T mu, int32 nesterov", "T W, T b, T R",
-                          "T r = R / n; R = r; T m = b * mu; m = m - r; b = m; T d = m; "
-                          "if (nesterov) { d = m * mu; d = d - r; } d = d * lr; W = W - d;"),
+                          "T r = R / n; R = r; T m = b * mu; m = m - r; b = m; T d = m; if (nesterov) d = m * mu; "
+                          "if (nesterov) d = d - r; d = d * lr; W = W - d;"),
     "ssdmpi_outer_average_step": ("T n, T lr, T mu, int32 nesterov", "T W, T b, T L",
                                   "T l = L / n; T g = W - l; T m = b * mu; m = m + g; b = m; T d = m; "
-                                  "if (nesterov) { d = m * mu; d = d + g; } d = d * lr; T w = W - d; W = w; L = w;"),
+                                  "if (nesterov) d = m * mu; if (nesterov) d = d + g; d = d * lr; T w = W - d; W = w; "
+                                  "L = w;"),
 }
 
 

@@ -28,7 +28,8 @@ from tests.unit.test_resize import ALGOS, BASE, SEED, STEPS, STOP, check_state, 
 
 WORLD = MPI.COMM_WORLD
 SIZE, RANK = WORLD.Get_size(), WORLD.Get_rank()
-CASES = ["ssgd", "ssd-step", "ssd-period-mid-delay", "asgd", "adamw-ssd-period-mid-delay", "adamw-asgd"]
+CASES = ["ssgd", "ssd-step", "ssd-period-mid-delay", "asgd", "adamw-ssd-period-mid-delay", "adamw-asgd",
+         "outer-ssd-period-mid-delay"]
 
 
 @contextlib.contextmanager

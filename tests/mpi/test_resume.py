@@ -28,6 +28,9 @@ COMMON = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--batch-si
           "--keep-checkpoints", "0", "--no-progress-bar"]
 
 
+OUTER = ["--outer-optimizer", "nesterov", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
+
+
 def shared_tmpdir() -> str:
     """A fresh directory, the same path on every rank (made by rank 0)."""
     path = tempfile.mkdtemp(prefix="ssdmpi-resume-") if MPI.COMM_WORLD.Get_rank() == 0 else None
@@ -83,6 +86,11 @@ CASES = {
     "adamw-localsgd": ["--optimizer", "adamw", "--lr", "0.003", "--algo", "localsgd", "--delay", str(K),
                        "--warmup-steps", str(WARMUP)],
     "adamw-ssgd": ["--optimizer", "adamw", "--lr", "0.003", "--grad-clip", "0.5", "--algo", "ssgd"],
+    # the outer optimizer: its momentum buffer (outer.momentum, replicated) in the checkpoint; delta-merge
+    # stopped mid-delay (the held sum takes its outer step at its merge, after the resume)
+    "outer-localsgd": ["--algo", "localsgd", "--delay", str(K), "--warmup-steps", str(WARMUP), *OUTER],
+    "outer-ssd-period-mid-delay": ["--algo", "ssd", "--comm", "period", "--merge-delay", "3", "--delay", str(K),
+                                   "--warmup-steps", str(WARMUP), *OUTER],
 }
 # The per-rank optimizer state each AdamW case saves besides the global M.* (the integer count included).
 ADAMW_OWN = {"adamw-ssd-period-mid-delay": "period.U", "adamw-ssd-period-merge-momentum": "period.U",
@@ -124,8 +132,9 @@ def stop_and_resume_differences(args, S, warmup, k, check_mid_period=True, held=
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
     args = COMMON + ["--steps", str(S)] + CASES[case]
     held = {"ssd-period-mid-delay": True, "ssd-period": False, "adamw-ssd-period-mid-delay": True,
-            "adamw-ssd-period-merge-momentum": False, "ssd-period-int8-mid-delay": True}.get(case)
-    delay_stage = case.removeprefix("adamw-").startswith("ssd")
+            "adamw-ssd-period-merge-momentum": False, "ssd-period-int8-mid-delay": True,
+            "outer-ssd-period-mid-delay": True}.get(case)
+    delay_stage = case.removeprefix("adamw-").removeprefix("outer-").startswith("ssd")
     diff, compared = stop_and_resume_differences(args, S, WARMUP, K, check_mid_period=delay_stage, held=held)
     assert diff == [], f"not bitwise identical after resume: {diff}"
     last = f"rank_{MPI.COMM_WORLD.Get_size() - 1:04d}"
@@ -136,6 +145,8 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one_bitwise(case):
         assert {f"{last}/algo/{ADAMW_OWN[case]}.{part}" for part in ("m", "v", "count")} <= set(compared)
     if delay_stage or case.endswith("localsgd"):
         assert f"{last}/algo/L" in compared
+    if case.startswith("outer-"):
+        assert "shared/algo/outer.momentum" in compared
     if "--comm-dtype" in CASES[case]:
         assert {f"{last}/algo/period.ef.residual", f"{last}/algo/period.ef.shard_residual"} <= set(compared)
 

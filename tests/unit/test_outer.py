@@ -12,6 +12,7 @@ from ssdmpi.optim import fused
 from ssdmpi.optim.outer import OuterOptimizer, build, describe
 from ssdmpi.verify.reference import Simulation
 from tests.conftest import assert_one_line_error, run_cli
+from tests.unit.test_fused import fake_gpu  # noqa: F401 (the fixture: CuPy's kernels run by NumPy)
 
 FEATURES, CLASSES = 10, 3
 KINDS = [(True, 0.7, 0.9), (False, 0.5, 0.8), (True, 1.3, 0.0)]     # (nesterov, lr, momentum)
@@ -56,6 +57,28 @@ def test_the_displacement_step_is_the_formula_bit_for_bit(dtype, nesterov, lr, m
         opt.step(want_W, want_b, mean.copy())
         assert np.array_equal(host_W, want_W) and np.array_equal(host_b, want_b)
         W, b = host_W, host_b
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("nesterov, lr, mu", KINDS)
+def test_the_gpu_kernels_are_the_formula_bit_for_bit(fake_gpu, dtype, nesterov, lr, mu):  # noqa: F811
+    """Each CuPy kernel, statement by statement in the buffers' dtype, gives the formula's bits (and so the
+    NumPy passes')."""
+    size = 300
+    W, b, _ = arrays(size, dtype)
+    Wa, ba = W.copy(), b.copy()
+    opt = OuterOptimizer(np.ones(size, dtype), nesterov, lr, mu)
+    opt._plan = fused.Plan((np.ones(size, dtype),), 2, device=True)     # the buffers as if on a GPU
+    for step in range(3):
+        R, L, _ = arrays(size, dtype, seed=step + 1)
+        mean = R / 2
+        want_W, want_b = formula(W, b, -mean, nesterov, lr, mu)
+        opt.step(W, b, R, 2)
+        assert np.array_equal(W, want_W) and np.array_equal(b, want_b) and np.array_equal(R, mean)
+        want_W, want_b = formula(Wa, ba, Wa - L / 3, nesterov, lr, mu)
+        opt.average_step(Wa, ba, L, 3)
+        assert np.array_equal(Wa, want_W) and np.array_equal(ba, want_b) and np.array_equal(L, Wa)
+    assert set(fused._built) == {"ssdmpi_outer_step", "ssdmpi_outer_average_step"}
 
 
 def test_a_long_pass_calls_the_progress_hook():

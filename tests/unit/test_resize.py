@@ -28,6 +28,7 @@ from tests.conftest import ROOT, mpiexec, run_cli
 
 SCRIPTS = Path(__file__).parent / "ckpt_scripts"
 SEED, WARMUP, K, STOP, STEPS = 5, 10, 5, 27, 40   # step 27: m = 17, two steps into a period
+OUTER_LR, OUTER_MU = 0.7, 0.9                      # the outer case's Nesterov step
 BASE = ["--dataset", "digits", "--model", "mlp", "--widths", "32", "--lr", "0.05", "--seed", str(SEED),
         "--eval-every", "0", "--log-every", "1000", "--keep-checkpoints", "0", "--no-progress-bar"]
 ALGOS = {
@@ -46,6 +47,10 @@ ALGOS = {
                                    "--warmup-steps", str(WARMUP)],
     "adamw-asgd": ["--optimizer", "adamw", "--lr", "0.003", "--grad-clip", "1", "--algo", "asgd", "--servers", "1",
                    "--warmup-steps", str(WARMUP)],
+    # the outer optimizer: the sum in flight and the partial period merged through its steps, its buffer with them
+    "outer-ssd-period-mid-delay": ["--algo", "ssd", "--comm", "period", "--merge-delay", "3", "--delay", str(K),
+                                   "--warmup-steps", str(WARMUP), "--outer-optimizer", "nesterov", "--outer-lr",
+                                   str(OUTER_LR), "--outer-momentum", str(OUTER_MU)],
 }
 GLOBAL_BATCH = {"asgd": 6, "adamw-asgd": 6}          # asgd: 3 workers x 2 or 1 worker x 6; the others: 4 x 4 or 2 x 8
 DEFAULT_GLOBAL_BATCH = 16
@@ -78,6 +83,7 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
     close = {"rtol": 1e-5, "atol": 1e-6}
     first = "rank_0000"
     adamw, algo = algo.startswith("adamw-"), algo.removeprefix("adamw-")
+    outer, algo = algo.startswith("outer-"), algo.removeprefix("outer-")
     for r in range(n_new):
         rank = f"rank_{r:04d}"
         assert new[f"{rank}/algo/t"] == old[f"{first}/algo/t"] == STOP
@@ -111,10 +117,17 @@ def check_state(algo: str, old: dict, new: dict, n_old: int, n_new: int) -> None
     if algo.startswith("ssd-period"):
         # a sum in flight at the stop: only mid-delay (delta-merge's d = 1 has merged it at m = 15)
         assert old[f"{first}/algo/period.has_Rp"] == (algo != "ssd-period")
-        merged = W.astype(np.float64) + mean_over_ranks(old, n_old, "L") - mean_over_ranks(old, n_old, "period.S")
-        if old[f"{first}/algo/period.has_Rp"]:
-            merged += old["shared/algo/period.Rp"]
-            s += K
+        partial = mean_over_ranks(old, n_old, "L") - mean_over_ranks(old, n_old, "period.S")
+        held = [old["shared/algo/period.Rp"].astype(np.float64)] if old[f"{first}/algo/period.has_Rp"] else []
+        s += K * len(held)
+        if outer:   # the outer step (Nesterov) from each mean displacement in turn, the held one first
+            merged, b = W.astype(np.float64), old["shared/algo/outer.momentum"].astype(np.float64)
+            for mean in held + [partial]:
+                b = OUTER_MU * b - mean
+                merged = merged - OUTER_LR * (-mean + OUTER_MU * b)
+            np.testing.assert_allclose(new["shared/algo/outer.momentum"], b, **close)
+        else:
+            merged = W.astype(np.float64) + partial + sum(held)
         np.testing.assert_allclose(new["shared/algo/W"], merged, **close)
         assert new[f"{first}/algo/period.has_Rp"] == 0 and "shared/algo/period.Rp" not in new
     else:
