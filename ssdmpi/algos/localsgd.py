@@ -21,10 +21,17 @@ the pseudo-gradient ``g = W - mean_r L_r`` (blocking allreduce of the sum of ``L
 
 at every period's end and at ``finalize`` mid-period alike. ``--outer-lr 1 --outer-momentum 0`` is the plain
 average above, bit for bit (the same code).
+
+With ``--fragments F``, ``--fragment-delay TAU``, ``--fragment-alpha A`` (Streaming DiLoCo;
+``ssdmpi/algos/fragments.py``) the average, or the outer step, is taken fragment by fragment: fragment ``f``
+of the flat weights is posted ``q = (f+1) k/F - TAU`` local steps into the period and lands ``TAU`` steps
+later, mixed back by ``A``. The defaults (1, 0, 0) are the blocking average of the whole model at each
+period's end above, in the same operations.
 """
 
 from __future__ import annotations
 
+from ssdmpi.algos import fragments
 from ssdmpi.algos.base import DELAY, DELAY_MAX, Algorithm, refuse_auto
 from ssdmpi.optim import outer
 from ssdmpi.spec import AlgorithmSpec, LinearMap
@@ -41,47 +48,57 @@ class LocalSGD(Algorithm):
         that is the lr it steps with, so that is the one reported."""
         return self.schedule(self.t if self.stage == "delay" else self.s)
 
-    def _begin_delay(self) -> None:
-        from ssdmpi.optim import fused
+    def __init__(self, config, model, communicator, parts):
+        # the fragments, cut before anything is built: a model with too few layers is refused at once
+        self.cuts = fragments.split(model.layer_offsets, model.params.size, config.fragments)
+        self.sync = None
+        super().__init__(config, model, communicator, parts)
 
+    def _begin_delay(self) -> None:
+        c = self.config
         self.V = self.M.copy()      # this rank's optimizer state, from the global one
-        self._fused, self._plan = fused, fused.Plan((self.mask,), scratch=0)
-        self._plan.poll = self.poll
+        self.sync = fragments.Fragments(self.W, self.L, self.B, self.mask, self.cuts, self.comm, self.N, self.k,
+                                        self.outer, c.fragment_delay, c.fragment_alpha, poll=self.poll)
 
     def _delay_step(self, x, y) -> float:
         m = self.t - self.T_w
         loss = self._loss_and_grad(x, y)
         self.optimizer.update(self.L, self.V, self.model.grads, self.schedule(self.t))
+        self.sync.after_step(m)     # the posts and merges due (the whole model at the period's end by default)
         if (m + 1) % self.k == 0:
-            self.comm.allreduce(self.L, average=False)
-            self._average()
             self.s += self.k
         return loss
 
-    def _average(self) -> None:
-        """``L`` holds the sum of the ranks' models: ``W`` <- their mean (or the outer step from it); ``L = W``.
-        One pass either way."""
-        if self.outer is None:
-            self._fused.divide_copy(self._plan, self.L, self.W, self.N)   # L = sum/N; W = L
-        else:
-            self.outer.average_step(self.W, self.B, self.L, self.N)
+    def drain(self) -> None:
+        """Complete a fragment's sum in flight and hold its mean for its merge step."""
+        if self.sync is not None:
+            self.sync.drain()
 
     def finalize(self) -> None:
         """End of training: a partial period's local progress is averaged too, as its period end
-        would have: ``W <- mean_r L_r`` (or the outer step from it), ``L <- W`` (blocking, collective)."""
-        if self.stage == "delay" and (self.t - self.T_w) % self.k != 0:
-            if self.outer is None:
-                self.comm.allreduce_mean(self.L)
-                self.W[...] = self.L
-            else:
-                self.comm.allreduce(self.L, average=False)
-                self.outer.average_step(self.W, self.B, self.L, self.N)
+        would have: ``W <- mean_r L_r`` (or the outer step from it), ``L <- W`` (blocking, collective);
+        with fragments, each fragment not just merged (``Fragments.finalize``)."""
+        if self.stage == "delay":
+            self.sync.finalize(self.t - self.T_w)
 
     def _delay_state(self) -> dict:
-        return self.V.entries("V")
+        return {**self.V.entries("V"), **self.sync.state_dict()}
+
+    def _replicated_delay(self) -> tuple:
+        return self.sync.replicated()
 
     def _load_delay_state(self, d: dict) -> None:
         self.V.load_entries(d, "V", self.xp)
+        self.sync.load_state_dict(d)
+
+    def _reset_inflight(self) -> None:
+        if self.sync is not None:
+            self.sync.reset_inflight()
+
+    def _shown(self) -> list:
+        c, shown = self.config, super()._shown()
+        own = [(s.name, getattr(c, s.name)) for s in fragments.SETTINGS] if fragments.streaming(c) else []
+        return shown[:2] + own + shown[2:]
 
 
 def _linear_map(x, k, N, mu):
@@ -98,13 +115,25 @@ def _check(run, world_size) -> None:
     refuse_auto(run)
 
 
-SPEC = AlgorithmSpec("localsgd", lambda cfg: "ssdmpi.algos.localsgd:LocalSGD",
-                     lambda cfg, rule: "ssdmpi.verify.reference:LocalSGDTwin",
-                     lambda cfg, workers: f"localsgd (k={cfg.delay}{outer.describe(cfg)})",
-                     settings=(DELAY, DELAY_MAX, *outer.SETTINGS),
+def _twin(cfg, rule) -> str:
+    """The plain blocking average's twin, or the fragment schedule's (``ssdmpi/verify/fragments_twin.py``)."""
+    return "ssdmpi.verify.fragments_twin:FragmentsTwin" if fragments.streaming(cfg) else \
+        "ssdmpi.verify.reference:LocalSGDTwin"
+
+
+def _pattern(cfg):
+    """``bench model``'s averaging every k steps; None for a delayed fragment merge (overlapped, a pattern the
+    step model has no formula for). Fragments merged at once send the same bytes per period, blocking."""
+    return None if (getattr(cfg, fragments.FRAGMENT_DELAY.name, None) or 0) > 0 else ("averaging", cfg.delay)
+
+
+SPEC = AlgorithmSpec("localsgd", lambda cfg: "ssdmpi.algos.localsgd:LocalSGD", _twin,
+                     lambda cfg, workers: f"localsgd (k={cfg.delay}{outer.describe(cfg)}{fragments.describe(cfg)})",
+                     settings=(DELAY, DELAY_MAX, *outer.SETTINGS, *fragments.SETTINGS),
                      why="it averages models every --delay steps, blocking",
-                     inspect=lambda cfg: f"k={cfg.get('delay')}{outer.describe(cfg)}", label=("k={delay}",),
+                     inspect=lambda cfg: f"k={cfg.get('delay')}{outer.describe(cfg)}{fragments.describe(cfg)}",
+                     label=("k={delay}",),
                      bench=("delay",),
                      variants={"localsgd": {}}, accuracy_defaults=("localsgd",),
-                     pattern=lambda cfg: ("averaging", cfg.delay), torch_peer="postlocal", check=_check,
+                     pattern=_pattern, torch_peer="postlocal", check=_check,
                      linear_map=LinearMap(_linear_map), outer_step=lambda run: True)

@@ -3,10 +3,10 @@ written and named from the algorithms' specs (``ssdmpi/algos/registry.py``).
 
 A variant is ``NAME[:V1[:V2]]``: an algorithm (``--algo NAME``) and the values of the settings its
 spec lists in ``bench`` (``AlgorithmSpec.bench``), in order, those past ``bench_required`` optional
-(their defaults); after ``auto`` (``--delay auto``) the ``--delay-max``; then a rule's own setting by
-its ``bench_tag`` (``d2``: ``--merge-delay 2``). Examples: ``ssd:period:5``, ``localsgd:5``, ``asgd:2``,
-``ssd:period:auto:8``, ``ssd:period:5:d2``. A variant's name joins the algorithm and each value's tag:
-``ssd-period-k5``, ``ssd-period-kauto-max8``.
+(their defaults); after ``auto`` (``--delay auto``) the ``--delay-max``; then any of the algorithm's or its
+rule's other settings by their ``bench_tag`` (``d2``: ``--merge-delay 2``), each once. Examples:
+``ssd:period:5``, ``localsgd:5``, ``asgd:2``, ``ssd:period:auto:8``, ``ssd:period:5:d2``, ``localsgd:8:f4:tau1``.
+A variant's name joins the algorithm and each value's tag: ``ssd-period-k5``, ``ssd-period-kauto-max8``.
 
 ``default_variants(ks)``: the algorithms with ``bench_default``, in the registry's order (one that is
 a ``variant_of`` another right after it), each bench setting with choices taking each choice (its
@@ -77,12 +77,14 @@ def parse_variant(text: str) -> Variant:
         if spec is None:
             raise ValueError(text)
         required = len(spec.bench) if spec.bench_required is None else spec.bench_required
-        if not required <= len(parts) <= len(spec.bench) + 1:
+        if len(parts) < required:
             raise ValueError(text)
         for i, part in enumerate(parts):
-            key = spec.bench[i] if i < len(spec.bench) else AUTO_MAX if given.get(DELAY) == AUTO \
-                else _tagged(spec, part)
+            key = spec.bench[i] if i < len(spec.bench) else AUTO_MAX if given.get(DELAY) == AUTO and \
+                AUTO_MAX not in given else _tagged(spec, part)
             s = registry.SETTINGS[key]
+            if key in given:
+                raise ValueError(text)
             part = part.removeprefix(s.bench_tag.split("{")[0]) if key not in spec.bench + (AUTO_MAX,) else part
             given[key] = s.type(part) if s.type else part
         registry.resolve({"algo": name, "warmup_steps": None, **given})    # what the run would refuse
@@ -174,6 +176,11 @@ def forms_text() -> str:
         notes.append(f"{' and '.join(auto)} also take{'s' if len(auto) == 1 else ''} {AUTO} or {AUTO}:M, M the "
                      f"--{max_setting.flag}")
     for text, spec, given in found:
+        for s in spec.settings:
+            if s.bench_tag and s.name not in spec.bench and s.name != AUTO_MAX and s.applies is None \
+                    and _accepts(spec.name, {**given, s.name: s.default}):
+                metavar = s.metavar or "V"
+                notes.append(f"{text}:{s.bench_tag.format(metavar)} (--{s.flag} {metavar})")
         for rule in registry.RULES.values():
             for s in rule.settings:
                 if s.bench_tag and _accepts(spec.name, {**given, registry.RULE_SELECTOR: rule.name,

@@ -234,18 +234,19 @@ def test_help_states_the_default_a_run_without_the_flag_gets():
     """The values here are the defaults as documented (docs/ALGORITHM.md) and the default preset's file:
     written out, so that a changed default or a help that states another value fails."""
     assert _help_of("--warmup-steps").endswith("(default: 50, from the default preset; preset cifar10-resnet20, "
-                                               "diloco, fashion-mnist-lenet5, fashion-mnist-mlp, text-gpt set their "
-                                               "own)")
+                                               "diloco, fashion-mnist-lenet5, fashion-mnist-mlp, streaming-diloco, "
+                                               "text-gpt set their own)")
     assert _help_of("--widths").endswith("(default: 128, from the default preset; preset fashion-mnist-mlp sets "
                                          "its own)")
     assert _help_of("--momentum").endswith("(default: 0.9 with --optimizer sgd; set by preset cifar10-resnet20, "
                                            "fashion-mnist-lenet5, fashion-mnist-mlp)")
     assert _help_of("--weight-decay").endswith("(default: 0.0001 with --optimizer sgd; 0.1 with --optimizer adamw; "
                                                "set by preset cifar10-resnet20, diloco, fashion-mnist-lenet5, "
-                                               "fashion-mnist-mlp, text-gpt)")
+                                               "fashion-mnist-mlp, streaming-diloco, text-gpt)")
     assert _help_of("--stall-timeout").endswith("(default: 300.0)")
     assert _help_of("--delay").endswith("(default: 5 with --algo ssd or localsgd; odsgd: 1; set by preset "
-                                        "cifar10-resnet20, diloco, fashion-mnist-lenet5, fashion-mnist-mlp)")
+                                        "cifar10-resnet20, diloco, fashion-mnist-lenet5, fashion-mnist-mlp, "
+                                        "streaming-diloco)")
     assert _help_of("--servers").endswith("(default: 1 with --algo asgd)")
     assert _help_of("--glu-divisor").endswith("(default: 12 with --local-update glu-paper; set by preset "
                                               "cifar10-resnet20)")
@@ -267,8 +268,8 @@ def test_the_choices_in_the_help_are_the_registered_ones():
     assert "training algorithm: ssgd | ssd | asgd | localsgd | odsgd (default: ssd;" in _help_of("--algo")
     assert "delta-own | eager | replay" in _help_of("--period-rule")
     assert "global-momentum | glu-paper | sgd" in _help_of("--local-update")
-    assert "inner optimizer of every step: sgd | adamw (default: sgd; set by preset diloco, text-gpt)" \
-        in _help_of("--optimizer")
+    assert "inner optimizer of every step: sgd | adamw (default: sgd; set by preset diloco, streaming-diloco, " \
+        "text-gpt)" in _help_of("--optimizer")
 
 
 def test_the_default_preset_restates_no_default():

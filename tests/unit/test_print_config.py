@@ -62,7 +62,8 @@ def test_each_algorithm_setting_shows_its_value_for_the_algo_or_that_the_algo_do
                 (algo, key, settings[key], comments.get(key))
 
 
-PRESETS = ("default", "cifar10-resnet20", "diloco", "fashion-mnist-lenet5", "fashion-mnist-mlp", "text-gpt")
+PRESETS = ("default", "cifar10-resnet20", "diloco", "fashion-mnist-lenet5", "fashion-mnist-mlp", "streaming-diloco",
+           "text-gpt")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
