@@ -26,7 +26,7 @@ def _pattern(v):
     (no model for it: a peer's, or a pattern ``predict_step`` has no formula for)."""
     if not v.by_ssdmpi:
         return None
-    pattern = v.spec.pattern(SimpleNamespace(comm=v.comm, delay=v.k, servers=v.servers))
+    pattern = v.spec.pattern(SimpleNamespace(**{**v.settings, "comm": v.comm, "delay": v.k, "servers": v.servers}))
     return pattern if pattern is not None and PATTERNS[pattern[0]].allreduce != "servers" else None
 
 

@@ -216,6 +216,11 @@ def test_bench_train_variants_take_the_fragments_by_their_tags():
 
 
 def test_bench_model_has_no_formula_for_a_delayed_fragment_merge():
+    from ssdmpi.bench.bounds import _pattern
+    from ssdmpi.bench.variants import parse_variant
+
+    assert _pattern(parse_variant("localsgd:8:f4")) == ("averaging", 8)
+    assert _pattern(parse_variant("localsgd:8:f4:tau1")) is None        # no bound for it in bench train's table
     spec = registry.ALGORITHMS["localsgd"]
     assert spec.pattern(registry.Run(delay=8)) == ("averaging", 8)
     assert spec.pattern(registry.Run(delay=8, fragments=4)) == ("averaging", 8)
