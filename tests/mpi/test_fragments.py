@@ -136,6 +136,22 @@ def test_one_fragment_at_once_is_the_plain_average_s_twin_bit_for_bit(communicat
     assert np.array_equal(runs[0], runs[1])
 
 
+@pytest.mark.parametrize("buckets", [None, 256], ids=["fused", "buckets"])
+def test_every_progress_strategy_gives_the_twin_s_bits(make_comm, buckets):
+    """A fragment's sum in flight over a few steps moves under each progress strategy (blocking, test, poll,
+    thread), in one request or in buckets, and lands the twin's bits."""
+    communicator = make_comm(bucket_bytes=buckets)
+    rank, exact = communicator.rank, communicator.size <= 2
+    cfg = AlgoConfig(**LOCAL, warmup_steps=2, lr=0.05, delay=8, fragments=2, fragment_delay=3, **NESTEROV)
+
+    def check(t, algo, sim):
+        assert_same(algo.global_weights(), sim.W, exact, f"W at t={t}")
+        if sim.stage == "delay":
+            assert_same(algo.local_weights(), sim.L[rank], exact, f"L at t={t}")
+
+    run_both(communicator, cfg, 2 + 2 * 8 + 5, four_layers(), check=check)
+
+
 def test_each_fragment_post_puts_its_own_bytes_on_the_wire(communicator):
     """Every delay iteration that posts a fragment records one allreduce of that fragment's bytes (``2 (N-1)/N``
     of them), and a period's posts add up to one allreduce of the whole model."""
