@@ -276,6 +276,34 @@ STATE_CONFIGS = [dict(algo="ssd", comm="step", local_update="glu-paper"),
                       grad_clip=0.3),
                  dict(algo="localsgd", optimizer="adamw"), dict(algo="ssgd", optimizer="adamw")]
 
+def resumed_run(cfg, model, communicator, state: dict, loader_state: dict, x, y, steps: int):
+    """An algorithm on ``model`` that loads ``state`` (a ``state_dict``, through ``hdf5_round_trip``), with a
+    loader over ``x, y`` at ``loader_state``, then trains ``steps`` more iterations; returns the algorithm."""
+    resumed = build_algorithm(cfg, model, communicator)
+    resumed.load_state_dict(state)
+    loader = Loader(x, y, B, communicator.rank, communicator.size, seed=4)
+    loader.load_state_dict(loader_state)
+    for _ in range(steps):
+        resumed.step(*loader.next_batch())
+    return resumed
+
+
+def with_and_without_drain(cfg, factory, communicator, steps: int, end: str, x, y) -> list:
+    """Two runs of ``steps`` iterations from ``factory()``'s model, the second draining after every
+    iteration, each closed by its ``end`` method (``drain`` or ``finalize``); the two algorithms."""
+    runs = []
+    for drain in (False, True):
+        algo = build_algorithm(cfg, factory(), communicator)
+        loader = Loader(x, y, B, communicator.rank, communicator.size, seed=4)
+        for _ in range(steps):
+            algo.step(*loader.next_batch())
+            if drain:
+                algo.drain()
+        getattr(algo, end)()
+        runs.append(algo)
+    return runs
+
+
 
 @pytest.mark.parametrize("settings", STATE_CONFIGS, ids=cfg_id)
 # delay 3, T_w 3: warm-up; right after a period end; one and two iterations later (delta-merge d=2:
@@ -306,12 +334,7 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
     state = hdf5_round_trip(state)                 # what a checkpoint does to it
 
     model = build_model("mlp", (FEATURES,), CLASSES, widths=(8,), dtype=np.float64, seed=99)  # other init
-    resumed = build_algorithm(cfg, model, communicator)
-    resumed.load_state_dict(state)
-    loader = Loader(x, y, B, rank, N, seed=4)
-    loader.load_state_dict(loader_state)
-    for _ in range(total - stop_at):
-        resumed.step(*loader.next_batch())
+    resumed = resumed_run(cfg, model, communicator, state, loader_state, x, y, total - stop_at)
     assert (resumed.t, resumed.s, resumed.stage) == (straight.t, straight.s, straight.stage)
     assert np.array_equal(resumed.global_weights(), straight.global_weights())
     if straight.stage == "delay":
@@ -325,21 +348,11 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
 @pytest.mark.parametrize("settings", STATE_CONFIGS[:7], ids=cfg_id)
 def test_drain_then_continue_is_bitwise_the_same(communicator, settings):
     """Draining after every iteration does not change the trajectory."""
-    N, rank = communicator.size, communicator.rank
     cfg = AlgoConfig(warmup_steps=2, lr=0.05, delay=3, **settings)
-    x, y = dataset()
-    runs = []
-    for drain in (False, True):
-        algo = build_algorithm(cfg, tiny_mlp()(), communicator)
-        loader = Loader(x, y, B, rank, N, seed=4)
-        for _ in range(16):
-            algo.step(*loader.next_batch())
-            if drain:
-                algo.drain()
-        algo.drain()
-        runs.append((np.array(algo.global_weights()), np.array(algo.local_weights()), algo.s))
-    assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1])
-    assert runs[0][2] == runs[1][2]
+    plain, drained = with_and_without_drain(cfg, tiny_mlp(), communicator, 16, "drain", *dataset())
+    assert np.array_equal(plain.global_weights(), drained.global_weights())
+    assert np.array_equal(plain.local_weights(), drained.local_weights())
+    assert plain.s == drained.s
 
 
 @pytest.mark.parametrize("settings", CONFIGS[::3] + [dict(algo="odsgd")], ids=cfg_id)

@@ -19,7 +19,18 @@ from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.nn import build_model
 from ssdmpi.verify.reference import Simulation
 from tests.checkpoints import fields
-from tests.mpi.test_algos import CLASSES, FEATURES, B, assert_same, dataset, hdf5_round_trip, tiny_mlp, w_hash
+from tests.mpi.test_algos import (
+    CLASSES,
+    FEATURES,
+    B,
+    assert_same,
+    dataset,
+    hdf5_round_trip,
+    resumed_run,
+    tiny_mlp,
+    w_hash,
+    with_and_without_drain,
+)
 from tests.mpi.test_resize import WORLD, copied_on_rank_0, train
 from tests.mpi.test_resume import COMMON, WARMUP, K, S, shared_tmpdir, stop_and_resume_differences
 from tests.unit.test_resize import BASE, STEPS, STOP, check_state
@@ -116,33 +127,18 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
     state = hdf5_round_trip(state)
 
     model = build_model("mlp", (FEATURES,), CLASSES, widths=(8,), dtype=dtype, seed=99)   # another init
-    resumed = build_algorithm(cfg, model, communicator)
-    resumed.load_state_dict(state)
-    loader = Loader(x, y, B, rank, N, seed=4)
-    loader.load_state_dict(loader_state)
-    for _ in range(total - stop_at):
-        resumed.step(*loader.next_batch())
+    resumed = resumed_run(cfg, model, communicator, state, loader_state, x, y, total - stop_at)
     a, b = resumed.state_dict(), straight.state_dict()
     assert set(a) == set(b)
     assert [key for key in a if not np.array_equal(a[key], b[key])] == []
 
 
 def test_drain_after_every_iteration_changes_nothing(communicator):
-    N, rank = communicator.size, communicator.rank
     cfg = AlgoConfig(**RULE, warmup_steps=2, lr=0.05, delay=3)
-    x, y = dataset()
-    runs = []
-    for drain in (False, True):
-        algo = build_algorithm(cfg, tiny_mlp()(), communicator)
-        loader = Loader(x, y, B, rank, N, seed=4)
-        for _ in range(16):
-            algo.step(*loader.next_batch())
-            if drain:
-                algo.drain()
-        algo.finalize()
-        runs.append((np.array(algo.global_weights()), np.array(algo.local_weights()), algo.s))
-    assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1])
-    assert runs[0][2] == runs[1][2]
+    plain, drained = with_and_without_drain(cfg, tiny_mlp(), communicator, 16, "finalize", *dataset())
+    assert np.array_equal(plain.global_weights(), drained.global_weights())
+    assert np.array_equal(plain.local_weights(), drained.local_weights())
+    assert plain.s == drained.s
 
 
 @pytest.mark.timeout(300)

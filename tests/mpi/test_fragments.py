@@ -23,7 +23,18 @@ from ssdmpi.nn import build_model
 from ssdmpi.verify.fragments_twin import FragmentsTwin
 from ssdmpi.verify.reference import Simulation
 from tests.checkpoints import fields
-from tests.mpi.test_algos import CLASSES, FEATURES, B, assert_same, cfg_id, dataset, hdf5_round_trip, w_hash
+from tests.mpi.test_algos import (
+    CLASSES,
+    FEATURES,
+    B,
+    assert_same,
+    cfg_id,
+    dataset,
+    hdf5_round_trip,
+    resumed_run,
+    w_hash,
+    with_and_without_drain,
+)
 from tests.mpi.test_resize import WORLD, copied_on_rank_0, train
 from tests.mpi.test_resume import COMMON, WARMUP, S, shared_tmpdir, stop_and_resume_differences
 from tests.unit.test_resize import BASE, STEPS, STOP
@@ -214,32 +225,18 @@ def test_state_round_trip_continues_bitwise(communicator, settings, stop_at):
     del first
     state = hdf5_round_trip(state)
 
-    resumed = build_algorithm(cfg, four_layers(seed=99)(), communicator)
-    resumed.load_state_dict(state)
-    loader = Loader(x, y, B, rank, N, seed=4)
-    loader.load_state_dict(loader_state)
-    for _ in range(total - stop_at):
-        resumed.step(*loader.next_batch())
+    resumed = resumed_run(cfg, four_layers(seed=99)(), communicator, state, loader_state, x, y, total - stop_at)
     a, b = resumed.state_dict(), straight.state_dict()
     assert set(a) == set(b)
     assert [key for key in a if not np.array_equal(a[key], b[key])] == []
 
 
 def test_drain_after_every_iteration_changes_nothing(communicator):
-    N, rank = communicator.size, communicator.rank
     cfg = AlgoConfig(**LOCAL, warmup_steps=2, lr=0.05, delay=6, fragments=3, fragment_delay=1, **NESTEROV)
-    x, y = dataset()
-    runs = []
-    for drain in (False, True):
-        algo = build_algorithm(cfg, four_layers()(), communicator)
-        loader = Loader(x, y, B, rank, N, seed=4)
-        for _ in range(17):
-            algo.step(*loader.next_batch())
-            if drain:
-                algo.drain()
-        algo.finalize()
-        runs.append((np.array(algo.global_weights()), np.array(algo.local_weights()), np.array(algo.B), algo.s))
-    assert all(np.array_equal(a, b) for a, b in zip(runs[0][:3], runs[1][:3])) and runs[0][3] == runs[1][3]
+    plain, drained = with_and_without_drain(cfg, four_layers(), communicator, 17, "finalize", *dataset())
+    assert np.array_equal(plain.global_weights(), drained.global_weights())
+    assert np.array_equal(plain.local_weights(), drained.local_weights())
+    assert np.array_equal(plain.B, drained.B) and plain.s == drained.s
 
 
 STREAMING = ["--algo", "localsgd", "--delay", "4", "--fragments", "2", "--fragment-delay", "1", "--warmup-steps",

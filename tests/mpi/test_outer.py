@@ -16,7 +16,17 @@ from ssdmpi.algos import AlgoConfig, build_algorithm
 from ssdmpi.data import ShardedLoader as Loader
 from ssdmpi.optim.outer import STATE_KEY
 from ssdmpi.verify.reference import Simulation
-from tests.mpi.test_algos import B, assert_same, cfg_id, communicator, dataset, hdf5_round_trip, tiny_mlp, w_hash
+from tests.mpi.test_algos import (
+    B,
+    assert_same,
+    cfg_id,
+    communicator,
+    dataset,
+    hdf5_round_trip,
+    resumed_run,
+    tiny_mlp,
+    w_hash,
+)
 
 __all__ = ["communicator"]   # the fixture, shared with test_algos
 
@@ -168,12 +178,7 @@ def test_the_outer_momentum_is_saved_and_resumes_bitwise(communicator, settings,
     assert len(set(MPI.COMM_WORLD.allgather(w_hash(state[STATE_KEY])))) == 1
     loader_state = loader.state_dict()
     state = hdf5_round_trip(state)
-    resumed = build_algorithm(cfg, tiny_mlp()(), communicator)
-    resumed.load_state_dict(state)
-    loader = Loader(x, y, B, rank, N, seed=4)
-    loader.load_state_dict(loader_state)
-    for _ in range(total - stop_at):
-        resumed.step(*loader.next_batch())
+    resumed = resumed_run(cfg, tiny_mlp()(), communicator, state, loader_state, x, y, total - stop_at)
     a, b = resumed.state_dict(), straight.state_dict()
     assert set(a) == set(b)
     assert [key for key in a if not np.array_equal(a[key], b[key])] == []
