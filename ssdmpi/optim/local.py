@@ -20,10 +20,10 @@ buffers are 1-D and contiguous, and ``step`` allocates nothing.
 
 from __future__ import annotations
 
-from ssdmpi.optim.part import array_module
+from ssdmpi.optim.part import PlanPoll, array_module
 
 
-class LocalUpdate:
+class LocalUpdate(PlanPoll):
     """Shared set-up of the rules: masked weight decay and the fused-update plan; no state by default."""
 
     name = "base"
@@ -37,14 +37,6 @@ class LocalUpdate:
         arrays = {"decay": self._decay, "mask": decay_mask}
         self._fused = fused
         self._plan = fused.Plan(tuple(arrays[c] for c in consts), scratch)
-
-    @property
-    def poll(self):
-        return self._plan.poll
-
-    @poll.setter
-    def poll(self, hook) -> None:
-        self._plan.poll = hook
 
     def begin(self, L) -> None:
         pass

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 
 from ssdmpi.errors import UserError
+from ssdmpi.optim.part import PlanPoll
 from ssdmpi.spec import ALGORITHM, Setting
 from ssdmpi.validate import number
 
@@ -61,7 +62,7 @@ KERNELS = {
 }
 
 
-class OuterOptimizer:
+class OuterOptimizer(PlanPoll):
     """The outer step (the module docstring) on 1-D buffers of one dtype and device.
 
     Args:
@@ -75,14 +76,6 @@ class OuterOptimizer:
 
         self.nesterov, self.lr, self.mu, self._fused = bool(nesterov), float(lr), float(momentum), fused
         self._plan = fused.Plan((mask,), scratch=2)
-
-    @property
-    def poll(self):
-        return self._plan.poll
-
-    @poll.setter
-    def poll(self, hook) -> None:
-        self._plan.poll = hook
 
     def init(self, params):
         """The momentum buffer, zero."""

@@ -45,6 +45,19 @@ def array_module(x):
     return owner(x)
 
 
+class PlanPoll:
+    """``poll``: the progress hook of the one fused-update plan ``self._plan`` (``ssdmpi/optim/fused.py``) that a
+    fused pass calls between its blocks, read and set through the plan."""
+
+    @property
+    def poll(self):
+        return self._plan.poll
+
+    @poll.setter
+    def poll(self, hook) -> None:
+        self._plan.poll = hook
+
+
 # Every optimizer has one; its default is the optimizer's (``OptimizerSpec.defaults``).
 WEIGHT_DECAY = Setting("weight_decay", None, "weight decay on weights (not on biases, norms and embeddings)",
                        float, functools.partial(number, low=0.0), group=OPTIMIZER)

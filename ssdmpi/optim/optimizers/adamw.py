@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ssdmpi.optim.part import WEIGHT_DECAY, Optimizer, OptState, array_module
+from ssdmpi.optim.part import WEIGHT_DECAY, Optimizer, OptState, PlanPoll, array_module
 from ssdmpi.spec import OPTIMIZER, OptimizerSpec, Setting
 from ssdmpi.validate import number
 
@@ -110,7 +110,7 @@ def adamw_pass(plan, W, m, v, G, keep, w1, w2, b2, bc2s, eps, negstep, n=None, c
         add(w, d, w)
 
 
-class AdamW(Optimizer):
+class AdamW(PlanPoll, Optimizer):
     """In-place AdamW (the module docstring) on 1-D buffers of one dtype.
 
     Args:
@@ -132,14 +132,6 @@ class AdamW(Optimizer):
         self.clip = float(grad_clip or 0.0)
         self._inv = 1 - mask                         # exactly 0 or 1: f = mask*keep + inv is keep or 1
         self._plan = fused.Plan((mask, self._inv), scratch=4)
-
-    @property
-    def poll(self):
-        return self._plan.poll
-
-    @poll.setter
-    def poll(self, hook) -> None:
-        self._plan.poll = hook
 
     def init(self, params) -> OptState:
         """``m``, ``v`` zero; ``count`` 0."""
