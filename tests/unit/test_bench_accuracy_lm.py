@@ -18,6 +18,7 @@ import pytest
 from ssdmpi.bench.accuracy import configs
 from ssdmpi.bench.accuracy import simulate as accuracy_simulate
 from tests.conftest import run_cli
+from tests.unit.test_bench_accuracy import read_csv
 
 GPT = "n_layer=1,n_head=2,d_model=16,context=16"
 T, B, LR = 16, 4, 0.003
@@ -29,11 +30,6 @@ TINY = ["--models", "gpt", "--gpt", GPT, "--batch-size", str(B), "--optimizer", 
 
 def bench(args, timeout=120):
     return run_cli(["bench", "accuracy"] + list(args), timeout=timeout)
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
